@@ -1,0 +1,3 @@
+from samebits.cli import main
+
+main()

@@ -1,0 +1,22 @@
+"""Process-level determinism: the deployment template, the fingerprint of every version that changes bits, the lock."""
+from samebits.runtime.fingerprint import fingerprint, verify_lock, write_lock
+from samebits.runtime.template import (
+    TEMPLATE_ENV,
+    RuntimeTemplateError,
+    deterministic_runtime,
+    env_problems,
+    flag_problems,
+    shell_exports,
+)
+
+__all__ = [
+    "TEMPLATE_ENV",
+    "RuntimeTemplateError",
+    "deterministic_runtime",
+    "env_problems",
+    "flag_problems",
+    "fingerprint",
+    "shell_exports",
+    "verify_lock",
+    "write_lock",
+]

@@ -1,0 +1,144 @@
+"""Fingerprint of every version and setting that can change output bits, and the version lock built on it."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+from samebits import __version__
+
+# Fields that describe the run rather than the numerics: shown, never hashed.
+UNHASHED = {"hash"}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _blas_backend(torch) -> str:
+    cfg = torch.__config__.show()
+    for name in ("MKL", "OpenBLAS", "BLIS", "Accelerate"):
+        if f"BLAS_INFO={name.lower()}" in cfg.replace(" ", "").lower() or f"USE_{name.upper()}=ON" in cfg:
+            return name
+    for line in cfg.splitlines():
+        if "BLAS_INFO" in line:
+            return line.split("=", 1)[1].split(",")[0].strip()
+    return "unknown"
+
+
+def _loaded_library(stem: str) -> str | None:
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            path = line.split()[-1]
+            if f"/{stem}" in path and ".so" in path:
+                return path
+    except OSError:
+        pass
+    return None
+
+
+def cublas_version() -> str | None:
+    """Read the version from the cuBLASLt library this process actually loaded (not the one torch was built with)."""
+    path = _loaded_library("libcublasLt")
+    if path is None:
+        return None
+    try:
+        v = ctypes.CDLL(path).cublasLtGetVersion
+        v.restype = ctypes.c_size_t
+        n = int(v())
+    except (OSError, AttributeError):
+        return None
+    return f"{n // 10000}.{n % 10000 // 100}.{n % 100}"
+
+
+def driver_version() -> str | None:
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    n = ctypes.c_int()
+    if lib.cuDriverGetVersion(ctypes.byref(n)) != 0:
+        return None
+    return f"{n.value // 1000}.{n.value % 1000 // 10}"
+
+
+def _cuda_fields(torch) -> dict:
+    if not torch.cuda.is_available():
+        return {"cuda_runtime": None, "cublas": None, "driver": driver_version(), "gpu": None}
+    # A tiny matmul makes torch load cuBLAS(Lt), so the version read is the one that will compute.
+    a = torch.ones(8, 8, device="cuda")
+    (a @ a).sum().item()
+    p = torch.cuda.get_device_properties(0)
+    return {
+        "cuda_runtime": torch.version.cuda,
+        "cublas": cublas_version(),
+        "driver": driver_version(),
+        "gpu": {"name": p.name, "capability": f"{p.major}.{p.minor}", "sm_count": p.multi_processor_count},
+    }
+
+
+def _triton_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("triton")
+    except Exception:
+        return None
+
+
+def numerics_profile() -> dict:
+    from samebits.kernels.configs import numerics_profile as profile
+
+    return profile()
+
+
+def _hash(fields: dict) -> str:
+    body = {k: v for k, v in fields.items() if k not in UNHASHED}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def fingerprint(mode: str = "deterministic") -> dict:
+    """Everything that can change output bits. `hash` is stable across processes on one machine and stack."""
+    import torch
+
+    profile = numerics_profile()
+    fields = {
+        "samebits": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": _triton_version(),
+        **_cuda_fields(torch),
+        "cpu": _cpu_model(),
+        "blas": _blas_backend(torch),
+        "cpu_threads": torch.get_num_threads(),
+        "mode": mode,
+        "numerics_profile": hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()[:16],
+    }
+    fields["hash"] = _hash(fields)
+    return fields
+
+
+def write_lock(path: str | os.PathLike = "samebits.lock", mode: str = "deterministic") -> dict:
+    fp = fingerprint(mode)
+    Path(path).write_text(json.dumps(fp, indent=2, sort_keys=True) + "\n")
+    return fp
+
+
+def diff_fingerprints(locked: dict, current: dict) -> list[tuple[str, object, object]]:
+    keys = sorted((set(locked) | set(current)) - UNHASHED)
+    return [(k, locked.get(k), current.get(k)) for k in keys if locked.get(k) != current.get(k)]
+
+
+def verify_lock(path: str | os.PathLike = "samebits.lock", mode: str | None = None) -> list[tuple[str, object, object]]:
+    """Fields that drifted since the lock was written: (field, locked, now). Empty means no drift."""
+    locked = json.loads(Path(path).read_text())
+    return diff_fingerprints(locked, fingerprint(mode or locked.get("mode", "deterministic")))

@@ -1,0 +1,128 @@
+"""The deterministic deployment template (seed: solution 2, checklist items 2 and 4).
+
+`deterministic_runtime()` applies it to this process and restores what it found on exit, so nesting and exceptions are
+safe. `TEMPLATE_ENV` is the environment half: `samebits env --shell` prints it, `samebits env --check` verifies it.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+# cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it creates its handle, so it must be set before CUDA work starts.
+# NCCL: ring algorithm and simple protocol are pinned so a later tensor-parallel all-reduce has one reduction order;
+# NVLS (NVLink multicast) is off because its in-switch reduction order is not ours to fix.
+TEMPLATE_ENV: dict[str, str] = {
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    "NCCL_ALGO": "Ring",
+    "NCCL_PROTO": "Simple",
+    "NCCL_NVLS_ENABLE": "0",
+}
+ACCEPTED_ENV: dict[str, set[str]] = {"CUBLAS_WORKSPACE_CONFIG": {":4096:8", ":16:8"}}
+
+
+class RuntimeTemplateError(RuntimeError):
+    """The deterministic template cannot be applied to this process."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    item: str
+    expected: str
+    actual: str
+
+
+def shell_exports() -> str:
+    return "\n".join(f"export {k}={v}" for k, v in TEMPLATE_ENV.items())
+
+
+def env_problems(environ: dict[str, str] | None = None) -> list[Problem]:
+    env = os.environ if environ is None else environ
+    problems = []
+    for key, want in TEMPLATE_ENV.items():
+        got = env.get(key)
+        if got not in ACCEPTED_ENV.get(key, {want}):
+            problems.append(Problem(key, want, "<unset>" if got is None else got))
+    return problems
+
+
+def _torch_flags(torch) -> dict:
+    b = torch.backends
+    return {
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn.deterministic": b.cudnn.deterministic,
+        "cudnn.benchmark": b.cudnn.benchmark,
+        "cudnn.allow_tf32": b.cudnn.allow_tf32,
+        "cuda.matmul.allow_tf32": b.cuda.matmul.allow_tf32,
+        "bf16_reduced_precision": b.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "fp16_reduced_precision": b.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+
+
+DETERMINISTIC_FLAGS = {
+    "deterministic_algorithms": True,
+    "deterministic_warn_only": False,
+    "cudnn.deterministic": True,
+    "cudnn.benchmark": False,
+    "cudnn.allow_tf32": False,
+    "cuda.matmul.allow_tf32": False,
+    "bf16_reduced_precision": False,
+    "fp16_reduced_precision": False,
+    "float32_matmul_precision": "highest",
+}
+
+
+def _set_torch_flags(torch, flags: dict) -> None:
+    b = torch.backends
+    torch.use_deterministic_algorithms(flags["deterministic_algorithms"], warn_only=flags["deterministic_warn_only"])
+    b.cudnn.deterministic = flags["cudnn.deterministic"]
+    b.cudnn.benchmark = flags["cudnn.benchmark"]
+    b.cudnn.allow_tf32 = flags["cudnn.allow_tf32"]
+    b.cuda.matmul.allow_tf32 = flags["cuda.matmul.allow_tf32"]
+    b.cuda.matmul.allow_bf16_reduced_precision_reduction = flags["bf16_reduced_precision"]
+    b.cuda.matmul.allow_fp16_reduced_precision_reduction = flags["fp16_reduced_precision"]
+    torch.set_float32_matmul_precision(flags["float32_matmul_precision"])
+
+
+def flag_problems() -> list[Problem]:
+    import torch
+
+    now = _torch_flags(torch)
+    return [Problem(k, str(v), str(now[k])) for k, v in DETERMINISTIC_FLAGS.items() if now[k] != v]
+
+
+def _check_not_too_late(torch) -> None:
+    if not torch.cuda.is_initialized():
+        return
+    bad = env_problems()
+    cublas = [p for p in bad if p.item == "CUBLAS_WORKSPACE_CONFIG"]
+    if cublas:
+        raise RuntimeTemplateError(
+            "CUDA is already initialised and CUBLAS_WORKSPACE_CONFIG was "
+            f"{cublas[0].actual}; cuBLAS only reads it at start-up. Set it before the first CUDA call, e.g. "
+            "`eval \"$(samebits env --shell)\"` before starting Python, or enter samebits.deterministic_runtime() "
+            "before any CUDA work."
+        )
+
+
+@contextlib.contextmanager
+def deterministic_runtime():
+    """Apply the deployment template; restore the previous environment and torch flags on exit."""
+    import torch
+
+    _check_not_too_late(torch)
+    saved_env = {k: os.environ.get(k) for k in TEMPLATE_ENV}
+    saved_flags = _torch_flags(torch)
+    try:
+        os.environ.update(TEMPLATE_ENV)
+        _set_torch_flags(torch, DETERMINISTIC_FLAGS)
+        yield
+    finally:
+        _set_torch_flags(torch, saved_flags)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
