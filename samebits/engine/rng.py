@@ -1,0 +1,110 @@
+"""Counter-based random numbers: Philox-4x32-10 in integer tensor arithmetic.
+
+Every draw is a pure function of (seed, sample_index, position, vocab index), so a request's randomness never depends
+on its batch, its neighbours, the step it ran in or the device. Integer multiply, add, xor and shift are exact on every
+backend, which is what makes CPU and CUDA agree bit for bit; no floating point enters until the final, exact, conversion.
+
+Counter layout for one Philox call: (c0, c1, c2, c3) = (vocab_index // 4, position, sample_index, stream) under the
+key (seed low 32 bits, seed high 32 bits). The four output words cover vocab indices 4*c0 .. 4*c0 + 3, so the uniform
+of a token does not depend on the vocabulary size either.
+"""
+from __future__ import annotations
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+PHILOX_M0 = 0xD2511F53
+PHILOX_M1 = 0xCD9E8D57
+PHILOX_W0 = 0x9E3779B9
+PHILOX_W1 = 0xBB67AE85
+PHILOX_ROUNDS = 10
+
+# Stream tags (counter word c3) keep independent uses of one (seed, sample_index, position) apart.
+STREAM_SAMPLE = 0
+
+UNIFORM_BITS = 24
+
+
+def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit halves of a * m for a in [0, 2^32) and a 32-bit constant m, without int64 overflow.
+
+    The full product needs 64 unsigned bits, beyond signed int64; splitting m into 16-bit halves keeps every partial
+    product below 2^48.
+    """
+    p_lo = a * (m & 0xFFFF)
+    p_hi = a * (m >> 16)
+    low_sum = p_lo + ((p_hi & 0xFFFF) << 16)
+    hi = ((p_hi >> 16) + (low_sum >> 32)) & MASK32
+    return hi, low_sum & MASK32
+
+
+def philox4x32_10(c0, c1, c2, c3, k0, k1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Philox-4x32-10 on int64 tensors holding 32-bit values; all arguments broadcast together."""
+    k0 = torch.as_tensor(k0, dtype=torch.int64)
+    k1 = torch.as_tensor(k1, dtype=torch.int64)
+    for r in range(PHILOX_ROUNDS):
+        if r:
+            k0 = (k0 + PHILOX_W0) & MASK32
+            k1 = (k1 + PHILOX_W1) & MASK32
+        hi0, lo0 = _mulhilo(c0, PHILOX_M0)
+        hi1, lo1 = _mulhilo(c2, PHILOX_M1)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+
+def seed_tensor(seeds, device=None) -> torch.Tensor:
+    """64-bit seeds (Python ints in [0, 2^64) or an int64 tensor) as int64 with the same two's-complement bits."""
+    if isinstance(seeds, torch.Tensor):
+        return seeds.to(device=device, dtype=torch.int64)
+    wrapped = []
+    for s in seeds:
+        s = int(s)
+        if not 0 <= s < 1 << 64:
+            raise ValueError(f"seed {s} outside [0, 2^64)")
+        wrapped.append(s - (1 << 64) if s >= 1 << 63 else s)
+    return torch.tensor(wrapped, dtype=torch.int64, device=device)
+
+
+def _index_tensor(values, name: str, device) -> torch.Tensor:
+    t = values if isinstance(values, torch.Tensor) else torch.tensor(list(values), dtype=torch.int64)
+    # Out-of-range counters would silently alias others; checked on the host only, to keep device steps sync-free.
+    if t.device.type == "cpu" and t.numel() and (int(t.min()) < 0 or int(t.max()) > MASK32):
+        raise ValueError(f"{name} must lie in [0, 2^32)")
+    return t.to(device=device, dtype=torch.int64)
+
+
+def random_words(seeds, sample_indices, positions, vocab_size: int, stream: int = STREAM_SAMPLE,
+                 device=None) -> torch.Tensor:
+    """[B, vocab_size] int64 holding 32-bit Philox words; row b is keyed by (seeds[b], sample_indices[b], positions[b])."""
+    seeds = seed_tensor(seeds, device)
+    device = seeds.device
+    sample_indices = _index_tensor(sample_indices, "sample_indices", device)
+    positions = _index_tensor(positions, "positions", device)
+    n_blocks = (vocab_size + 3) // 4
+    c0 = torch.arange(n_blocks, dtype=torch.int64, device=device)[None, :]
+    c1 = positions[:, None]
+    c2 = sample_indices[:, None]
+    c3 = torch.full_like(c1, stream & MASK32)
+    k0 = (seeds & MASK32)[:, None]
+    k1 = ((seeds >> 32) & MASK32)[:, None]
+    words = philox4x32_10(c0, c1, c2, c3, k0, k1)
+    # Interleave so vocab index v reads word v % 4 of block v // 4.
+    return torch.stack(words, dim=-1).reshape(seeds.shape[0], n_blocks * 4)[:, :vocab_size]
+
+
+def words_to_uniforms(words: torch.Tensor) -> torch.Tensor:
+    """float32 in (0, 1) from the top 24 bits of each word: k * 2^-24 is exact in float32.
+
+    k = 0 maps to 2^-25 rather than 0 so that -log(u) stays finite; it costs a bias of 2^-49 in the mean.
+    """
+    k = (words >> (32 - UNIFORM_BITS)).to(torch.float32)
+    return torch.where(k == 0, torch.full_like(k, 0.5), k) * (2.0 ** -UNIFORM_BITS)
+
+
+def uniforms(seeds, sample_indices, positions, vocab_size: int, stream: int = STREAM_SAMPLE,
+             device=None) -> torch.Tensor:
+    """[B, vocab_size] float32 uniforms in (0, 1), a pure function of each row's key and the column index."""
+    return words_to_uniforms(random_words(seeds, sample_indices, positions, vocab_size, stream, device))
+
+
+__all__ = ["philox4x32_10", "random_words", "seed_tensor", "uniforms", "words_to_uniforms"]
