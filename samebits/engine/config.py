@@ -1,0 +1,106 @@
+"""Engine configuration: one frozen, validated value the engine and every test can build from a dict."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+MODES = ("deterministic", "fast")
+POLICIES = ("dynamic", "bucketed")
+SEED_LIMIT = 2**63
+# torch-free, so dtypes are names; torch.dtype objects are accepted through str() ("torch.bfloat16").
+DTYPE_ALIASES = {
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _int_at_least(name: str, value, low: int, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    prefix = "None or " if optional else ""
+    _require(_is_int(value) and value >= low, f"{name} must be {prefix}an int >= {low}, got {value!r}")
+
+
+def normalize_dtype(dtype) -> str | None:
+    if dtype is None:
+        return None
+    name = str(dtype).removeprefix("torch.").lower()
+    _require(name in DTYPE_ALIASES, f"dtype must be None or one of {sorted(set(DTYPE_ALIASES.values()))}, got {dtype!r}")
+    return DTYPE_ALIASES[name]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "smollm2-135m"
+    mode: str = "deterministic"
+    policy: str = "dynamic"
+    device: str | None = None
+    dtype: str | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    block_size: int = 16
+    kv_cache_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    cuda_graphs: bool = True
+    seed: int | None = None
+    max_waiting: int | None = None
+
+    def __post_init__(self) -> None:
+        # Normalised in place so equal configs compare (and fingerprint) equal whatever spelling was used.
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        object.__setattr__(self, "device", None if self.device is None else str(self.device))
+        self._check_choices()
+        self._check_sizes()
+        self._check_flags()
+
+    def _check_choices(self) -> None:
+        _require(isinstance(self.model, str) and self.model != "", f"model must be a non-empty str, got {self.model!r}")
+        _require(self.mode in MODES, f"mode must be one of {MODES}, got {self.mode!r}")
+        _require(self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}")
+        seed_ok = self.seed is None or (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT)
+        _require(seed_ok, f"seed must be None or an int in [0, 2**63), got {self.seed!r}")
+
+    def _check_sizes(self) -> None:
+        _int_at_least("max_num_seqs", self.max_num_seqs, 1)
+        _int_at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _int_at_least("max_model_len", self.max_model_len, 2, optional=True)
+        _int_at_least("max_waiting", self.max_waiting, 1, optional=True)
+        bs = self.block_size
+        # Paged-attention kernels tile a block with power-of-two loads.
+        _require(_is_int(bs) and 1 <= bs <= 1024 and bs & (bs - 1) == 0,
+                 f"block_size must be a power of two in [1, 1024], got {bs!r}")
+        _int_at_least("kv_cache_tokens", self.kv_cache_tokens, bs, optional=True)
+        if self.policy == "bucketed":
+            # Bucketed decode pads the batch up to max_num_seqs rows, and every padded row costs a budget token.
+            _require(self.max_num_batched_tokens >= self.max_num_seqs,
+                     "max_num_batched_tokens must be >= max_num_seqs under policy='bucketed', got "
+                     f"{self.max_num_batched_tokens} < {self.max_num_seqs}")
+
+    def _check_flags(self) -> None:
+        for name in ("enable_prefix_caching", "cuda_graphs"):
+            value = getattr(self, name)
+            _require(isinstance(value, bool), f"{name} must be a bool, got {value!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> EngineConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        _require(not unknown, f"unknown EngineConfig keys {unknown}; valid keys are {sorted(known)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> EngineConfig:
+        return EngineConfig.from_dict({**self.to_dict(), **changes})

@@ -1,0 +1,109 @@
+"""One Sequence per sample: a request with n > 1 becomes n sequences sharing the prompt."""
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+from samebits.engine.sampling_params import SamplingParams
+
+_seq_ids = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH, SequenceStatus.FINISHED_ABORTED}
+FINISH_STATUS = {
+    "stop": SequenceStatus.FINISHED_STOPPED,
+    "length": SequenceStatus.FINISHED_LENGTH,
+    "abort": SequenceStatus.FINISHED_ABORTED,
+}
+
+
+@dataclass(eq=False)  # identity semantics: two samples with equal tokens are still two sequences
+class Sequence:
+    request_id: str
+    token_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None
+    sample_index: int = 0
+    arrival: int = 0
+    seq_id: int = field(default_factory=lambda: next(_seq_ids))
+    num_prompt_tokens: int = -1
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    block_table: list[int] = field(default_factory=list)
+    # Chained hashes of this sequence's full blocks, filled lazily by the block manager; tokens only grow,
+    # so a full block's hash never changes.
+    block_hashes: list[bytes] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    # Filled by the engine/sampler, kept here so preemption never loses them.
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.token_ids)
+        if self.num_prompt_tokens < 0:
+            self.num_prompt_tokens = len(self.token_ids)
+        if self.num_prompt_tokens < 1:
+            raise ValueError("prompt_token_ids must hold at least 1 token")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def in_prefill(self) -> bool:
+        # More than one token left means at least part of a (re)computed prompt is still ahead.
+        return self.num_uncomputed > 1
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, req={self.request_id!r}#{self.sample_index}, {self.status.value}, "
+                f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
+
+
+def make_sequences(request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int | None,
+                   arrival: int = 0) -> list[Sequence]:
+    """The n samples of one request; arrival i+k keeps FCFS order among siblings."""
+    return [Sequence(request_id, list(prompt_token_ids), params, seed, sample_index=k, arrival=arrival + k)
+            for k in range(params.n)]

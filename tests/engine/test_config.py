@@ -1,0 +1,59 @@
+import pytest
+
+from samebits.engine.config import EngineConfig
+
+
+def test_defaults_match_issue():
+    c = EngineConfig()
+    assert (c.model, c.mode, c.policy, c.device, c.dtype) == ("smollm2-135m", "deterministic", "dynamic", None, None)
+    assert (c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.block_size) == (256, 2048, None, 16)
+    assert (c.kv_cache_tokens, c.enable_prefix_caching, c.cuda_graphs, c.seed, c.max_waiting) == (
+        None, True, True, None, None)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field, limit",
+    [
+        ({"mode": "exact"}, "mode", "deterministic"),
+        ({"policy": "static"}, "policy", "bucketed"),
+        ({"model": ""}, "model", "non-empty"),
+        ({"max_num_seqs": 0}, "max_num_seqs", ">= 1"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens", ">= 1"),
+        ({"max_model_len": 1}, "max_model_len", ">= 2"),
+        ({"block_size": 12}, "block_size", "power of two"),
+        ({"block_size": 2048}, "block_size", "[1, 1024]"),
+        ({"kv_cache_tokens": 8}, "kv_cache_tokens", ">= 16"),
+        ({"seed": -1}, "seed", "2**63"),
+        ({"max_waiting": 0}, "max_waiting", ">= 1"),
+        ({"dtype": "int8"}, "dtype", "bfloat16"),
+        ({"cuda_graphs": 1}, "cuda_graphs", "bool"),
+        ({"enable_prefix_caching": None}, "enable_prefix_caching", "bool"),
+        ({"policy": "bucketed", "max_num_seqs": 64, "max_num_batched_tokens": 32}, "max_num_batched_tokens",
+         ">= max_num_seqs"),
+    ],
+)
+def test_validation_names_field_and_limit(kwargs, field, limit):
+    with pytest.raises(ValueError) as err:
+        EngineConfig(**kwargs)
+    assert field in str(err.value) and limit in str(err.value)
+
+
+def test_from_dict_rejects_unknown_keys():
+    with pytest.raises(ValueError, match="unknown EngineConfig keys \\['gpu_memory'\\]"):
+        EngineConfig.from_dict({"mode": "fast", "gpu_memory": 0.9})
+    assert EngineConfig.from_dict({"mode": "fast"}).mode == "fast"
+
+
+def test_dtype_and_device_normalised():
+    assert EngineConfig(dtype="bf16") == EngineConfig(dtype="torch.bfloat16") == EngineConfig(dtype="bfloat16")
+    assert EngineConfig(dtype="half").dtype == "float16"
+
+
+def test_frozen_and_replace():
+    c = EngineConfig()
+    with pytest.raises(AttributeError):
+        c.mode = "fast"
+    assert c.replace(policy="bucketed").policy == "bucketed" and c.policy == "dynamic"
+    with pytest.raises(ValueError, match="unknown"):
+        c.replace(nope=1)
+    assert EngineConfig.from_dict(c.to_dict()) == c

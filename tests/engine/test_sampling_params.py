@@ -1,0 +1,81 @@
+import pytest
+
+from samebits.engine.outputs import CompletionOutput, RequestOutput
+from samebits.engine.sampling_params import SamplingParams
+from samebits.engine.sequence import Sequence, SequenceStatus, make_sequences
+
+
+def test_defaults_match_issue():
+    p = SamplingParams()
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.max_tokens) == (1.0, 1.0, -1, 0.0, 16)
+    assert (p.stop, p.stop_token_ids, p.ignore_eos, p.seed, p.n, p.logprobs) == (None, None, False, None, 1, None)
+    assert not p.greedy and SamplingParams(temperature=0).greedy
+
+
+@pytest.mark.parametrize(
+    "kwargs, field, limit",
+    [
+        ({"temperature": -0.1}, "temperature", ">= 0"),
+        ({"temperature": float("inf")}, "temperature", "finite"),
+        ({"temperature": float("nan")}, "temperature", "finite"),
+        ({"top_p": 0.0}, "top_p", "(0, 1]"),
+        ({"top_p": 1.5}, "top_p", "(0, 1]"),
+        ({"top_k": 0}, "top_k", ">= 1"),
+        ({"top_k": -2}, "top_k", ">= 1"),
+        ({"min_p": -0.01}, "min_p", "[0, 1]"),
+        ({"min_p": 1.01}, "min_p", "[0, 1]"),
+        ({"max_tokens": 0}, "max_tokens", ">= 1"),
+        ({"max_tokens": True}, "max_tokens", ">= 1"),
+        ({"n": 0}, "n", ">= 1"),
+        ({"logprobs": 21}, "logprobs", "[0, 20]"),
+        ({"logprobs": -1}, "logprobs", "[0, 20]"),
+        ({"seed": -1}, "seed", "2**63"),
+        ({"seed": 2**63}, "seed", "2**63"),
+        ({"seed": 1.5}, "seed", "2**63"),
+        ({"stop": 3}, "stop", "str"),
+        ({"stop": ["a", 3]}, "stop", "str"),
+        ({"stop": [""]}, "stop", "non-empty"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids", ">= 0"),
+        ({"ignore_eos": 1}, "ignore_eos", "bool"),
+    ],
+)
+def test_validation_names_field_and_limit(kwargs, field, limit):
+    with pytest.raises(ValueError) as err:
+        SamplingParams(**kwargs)
+    assert field in str(err.value) and limit in str(err.value)
+
+
+def test_edges_accepted_and_helpers():
+    p = SamplingParams(temperature=0, top_p=1, top_k=1, min_p=1, max_tokens=1, seed=2**63 - 1, logprobs=20,
+                       stop="x", stop_token_ids=[0, 5])
+    assert p.stop_strings == ("x",) and p.stop_token_set == {0, 5}
+    assert SamplingParams(stop=["a", "b"]).stop_strings == ("a", "b")
+    assert SamplingParams(logprobs=0).logprobs == 0
+
+
+def test_frozen():
+    with pytest.raises(AttributeError):
+        SamplingParams().temperature = 0.5
+
+
+def test_outputs_shape():
+    c = CompletionOutput(0, "hi", [1, 2], [-0.5, -0.25], None, -0.75, None)
+    assert not c.finished()
+    r = RequestOutput("r", "p", [3], [c], num_cached_tokens=0, seed=7, fingerprint="abc")
+    assert r.outputs[0].token_ids == [1, 2] and not r.finished
+
+
+def test_sequences_of_a_request():
+    seqs = make_sequences("r", [1, 2, 3], SamplingParams(n=3), seed=9, arrival=10)
+    assert [s.sample_index for s in seqs] == [0, 1, 2] and [s.arrival for s in seqs] == [10, 11, 12]
+    assert len({s.seq_id for s in seqs}) == 3 and all(s.seed == 9 for s in seqs)
+    seqs[0].append_token(4)
+    assert seqs[1].token_ids == [1, 2, 3], "siblings must not share the token list"
+    s = seqs[0]
+    assert (s.num_tokens, s.num_prompt_tokens, s.num_generated, s.num_uncomputed) == (4, 3, 1, 4)
+    assert s.output_token_ids == [4] and s.prompt_token_ids == [1, 2, 3] and s.status is SequenceStatus.WAITING
+
+
+def test_empty_prompt_rejected():
+    with pytest.raises(ValueError, match="at least 1 token"):
+        Sequence("r", [])
