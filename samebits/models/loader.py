@@ -1,0 +1,75 @@
+"""load_model: a built-in name, an HF model folder or a GGUF file -> a model on the kernel registry."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from samebits.models.config import ModelConfig
+from samebits.models.llama import LlamaModel
+from samebits.models.tokenizer import Tokenizer
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: LlamaModel
+    tokenizer: Tokenizer
+    config: ModelConfig
+    name: str
+    path: Path
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype, device: str) -> torch.dtype:
+    """None -> bf16 on cuda (the serving dtype), fp32 on cpu (where bf16 matmuls are slow and no faster)."""
+    if dtype is None:
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def resolve_path(name_or_path: str | Path) -> tuple[str, Path]:
+    """A built-in name is fetched into the cache; anything else must be an existing folder or .gguf file."""
+    from samebits.models import hub
+
+    text = str(name_or_path)
+    if text in hub.BUILTIN:
+        return text, hub.fetch(text)
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"no model {text!r}: not a built-in name ({', '.join(hub.BUILTIN)}), "
+                                "an HF model folder, or a .gguf file")
+    return path.name, path
+
+
+def load_model(name_or_path, mode: str = "deterministic", device=None, dtype=None) -> LoadedModel:
+    from samebits.kernels import get_ops
+
+    name, path = resolve_path(name_or_path)
+    device = str(device or default_device())
+    torch_dtype = resolve_dtype(dtype, device)
+    ops = get_ops(mode, device)
+    model, tokenizer, config = _load_path(path, ops, torch_dtype)
+    return LoadedModel(model.eval(), tokenizer, config, name, path)
+
+
+def _load_path(path: Path, ops, dtype: torch.dtype):
+    if path.is_dir():
+        from samebits.models.loader_hf import load_hf_dir
+
+        return load_hf_dir(path, ops, dtype)
+    if path.suffix == ".gguf":
+        from samebits.models.loader_gguf import load_gguf
+
+        return load_gguf(path, ops, dtype)
+    raise ValueError(f"cannot load {path}: expected an HF model folder or a .gguf file")

@@ -1,0 +1,64 @@
+"""An HF model folder: config.json, safetensors (one file, or shards through the index), tokenizer files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+
+from samebits.models.config import ModelConfig, _as_ids
+from samebits.models.llama import LlamaModel
+from samebits.models.tokenizer import Tokenizer
+
+INDEX = "model.safetensors.index.json"
+
+
+def read_config(path: Path) -> ModelConfig:
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"no config.json in {path}: an HF model folder needs config.json, *.safetensors and "
+                                "tokenizer.json")
+    return ModelConfig.from_hf(json.loads(file.read_text(encoding="utf-8")))
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The shard files the index names (all must exist), else every *.safetensors in the folder."""
+    path = Path(path)
+    index = path / INDEX
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{INDEX} in {path} names shard files that are missing: {missing}")
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path} (pickled .bin/.pt checkpoints are not supported)")
+    return files
+
+
+def iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def generation_eos_ids(path: Path) -> tuple[int, ...]:
+    file = Path(path) / "generation_config.json"
+    if not file.is_file():
+        return ()
+    return _as_ids(json.loads(file.read_text(encoding="utf-8")).get("eos_token_id"))
+
+
+def load_hf_dir(path: Path, ops, dtype: torch.dtype) -> tuple[LlamaModel, Tokenizer, ModelConfig]:
+    path = Path(path)
+    config = read_config(path)
+    files = safetensors_files(path)
+    # Read the tokenizer before the weights so a missing file fails fast.
+    tokenizer = Tokenizer.from_hf_dir(path, extra_eos_ids=config.eos_token_ids + generation_eos_ids(path))
+    model = LlamaModel(config, ops, dtype)
+    model.load_weights(iter_tensors(files))
+    return model, tokenizer, config

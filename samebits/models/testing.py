@@ -1,0 +1,159 @@
+"""Tiny random-weight checkpoints for tests and demos: real HF folders, written in milliseconds, no transformers.
+
+`write_tiny_checkpoint(path, variant)` writes config.json, safetensors (optionally sharded with an index),
+tokenizer.json (a byte-level BPE built with `tokenizers`), tokenizer_config.json with a ChatML template, and
+generation_config.json. Same (variant, seed, overrides) -> same bytes. `random_model` builds a model of any
+shape directly on a device, without files (for shapes too large to write, such as 8B).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer as _Backend
+from tokenizers import decoders, models, pre_tokenizers
+
+from samebits.models.config import ModelConfig
+
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Words whose byte-level spellings become merges, so common text encodes to fewer tokens than bytes.
+_WORDS = ("the", "Ġthe", "Ġa", "Ġis", "Ġof", "Ġand", "Ġto", "Ġin", "Ġcapital", "ĠParis", "ĠFrance", "ĠWhat", "Ġhello",
+          "Ġworld", "ing", "er", "ĠThe", "Ġcat", "Ġsat", "Ġon", "Ġmat")
+
+_BASE = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5, hidden_act="silu",
+             tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, torch_dtype="float32")
+VARIANTS = {
+    "llama3": dict(model_type="llama", architectures=["LlamaForCausalLM"], rope_theta=500000.0,
+                   rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                     original_max_position_embeddings=64)),
+    "mistral": dict(model_type="mistral", architectures=["MistralForCausalLM"], rope_theta=1000000.0,
+                    sliding_window=4096),
+    "qwen2": dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], rope_theta=1000000.0,
+                  use_sliding_window=False),
+    "qwen3": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], rope_theta=1000000.0, head_dim=32,
+                  attention_bias=False, use_sliding_window=False),
+    "smollm2": dict(model_type="llama", architectures=["LlamaForCausalLM"], rope_theta=100000.0,
+                    tie_word_embeddings=True, num_key_value_heads=1),
+}
+# Config keys an override may set: the ones ModelConfig.from_hf reads. Anything else is a typo.
+OVERRIDABLE = set(_BASE) | {"rope_theta", "rope_scaling", "head_dim", "sliding_window", "use_sliding_window",
+                            "attention_bias"}
+
+
+def tiny_hf_config(variant: str = "llama3", **overrides) -> dict:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+    unknown = sorted(set(overrides) - OVERRIDABLE)
+    if unknown:
+        raise ValueError(f"unknown override(s) {unknown}; allowed: {sorted(OVERRIDABLE)}")
+    return {**_BASE, **VARIANTS[variant], **overrides}
+
+
+def write_tiny_checkpoint(path, variant: str = "llama3", seed: int = 0, sharded: bool = False, **overrides) -> Path:
+    """Write a loadable HF folder for a tiny random model; returns the folder."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    hf = tiny_hf_config(variant, **overrides)
+    config = ModelConfig.from_hf(hf)
+    tensors = random_weights(config, seed, getattr(torch, hf["torch_dtype"]))
+    _write_json(path / "config.json", hf)
+    _write_safetensors(path, tensors, sharded)
+    _write_tokenizer(path, hf)
+    return path
+
+
+def random_weights(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """HF-named random tensors: N(0, 0.02) matrices and biases, norms near 1 so they are not no-ops."""
+    from samebits.models.llama import LlamaModel
+
+    shapes = _hf_shapes(config)
+    names = sorted(LlamaModel.expected_weight_names_for(config))
+    gen = torch.Generator().manual_seed(seed)
+    return {n: _random_tensor(n, shapes(n), gen).to(dtype) for n in names}
+
+
+def _random_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    noise = torch.randn(shape, generator=gen)
+    return 1.0 + 0.1 * noise if "norm" in name else 0.02 * noise
+
+
+def _hf_shapes(cfg: ModelConfig):
+    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    by_suffix = {"q_proj.weight": (cfg.q_size, h), "k_proj.weight": (cfg.kv_size, h), "v_proj.weight": (cfg.kv_size, h),
+                 "q_proj.bias": (cfg.q_size,), "k_proj.bias": (cfg.kv_size,), "v_proj.bias": (cfg.kv_size,),
+                 "o_proj.weight": (h, cfg.q_size), "o_proj.bias": (h,), "q_norm.weight": (d,), "k_norm.weight": (d,),
+                 "gate_proj.weight": (i, h), "up_proj.weight": (i, h), "down_proj.weight": (h, i),
+                 "layernorm.weight": (h,), "embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,),
+                 "lm_head.weight": (cfg.vocab_size, h)}
+
+    def shape(name: str) -> tuple[int, ...]:
+        return next(s for suffix, s in by_suffix.items() if name.endswith(suffix))
+
+    return shape
+
+
+def _write_json(file: Path, data: dict) -> None:
+    file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor], sharded: bool) -> None:
+    if not sharded:
+        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+        return
+    names = sorted(tensors)
+    halves = [names[: len(names) // 2], names[len(names) // 2:]]
+    files = [f"model-{k + 1:05d}-of-00002.safetensors" for k in range(2)]
+    for file, part in zip(files, halves):
+        save_file({n: tensors[n] for n in part}, str(path / file), metadata={"format": "pt"})
+    weight_map = {n: f for f, part in zip(files, halves) for n in part}
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    _write_json(path / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+
+
+def build_tokenizer() -> _Backend:
+    """Byte-level BPE: the ChatML special tokens, the 256 byte symbols, then merges spelling `_WORDS`."""
+    # Specials first, as in SmolLM2: <|endoftext|>=0, <|im_start|>=1 (bos), <|im_end|>=2 (eos).
+    symbols = list(SPECIALS) + sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {s: i for i, s in enumerate(symbols)}
+    merges = []
+    for word in _WORDS:
+        for end in range(2, len(word) + 1):
+            left, right, whole = word[: end - 1], word[end - 1], word[:end]
+            if whole not in vocab:
+                merges.append((left, right))
+                vocab[whole] = len(vocab)
+    tok = _Backend(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIALS))
+    return tok
+
+
+def _write_tokenizer(path: Path, hf: dict) -> None:
+    tok = build_tokenizer()
+    if tok.get_vocab_size() > hf["vocab_size"]:
+        raise ValueError(f"vocab_size {hf['vocab_size']} is smaller than the tiny tokenizer's {tok.get_vocab_size()}")
+    tok.save(str(path / "tokenizer.json"))
+    _write_json(path / "tokenizer_config.json", {
+        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None,
+        "chat_template": CHATML, "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512})
+    _write_json(path / "generation_config.json", {"bos_token_id": hf["bos_token_id"], "eos_token_id": hf["eos_token_id"]})
+
+
+def random_model(config: ModelConfig, ops, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
+    """A LlamaModel of any shape with N(0, 0.02) weights generated on ops.device (for 8B-shaped GPU runs)."""
+    from samebits.models.llama import LlamaModel
+
+    model = LlamaModel(config, ops, dtype)
+    gen = torch.Generator(device=model.device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        noise = torch.randn(param.shape, generator=gen, device=param.device, dtype=torch.float32)
+        param.data.copy_(1.0 + 0.1 * noise if "norm" in name else 0.02 * noise)
+    return model.eval()
