@@ -1,0 +1,98 @@
+"""`samebits probe`: argument checks, the progress bar, and the three outputs (table, JSON, PNG)."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+def resolve_device(name: str):
+    """torch.device for `name`; ValueError with the one-line reason when it cannot be used here."""
+    import torch
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"unknown device {name!r}; use cpu or cuda") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {name!r}; use cpu or cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name} asked for, but CUDA is not available on this machine")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"no CUDA device {dev.index}; this machine has {torch.cuda.device_count()}")
+    return dev
+
+
+def check_writable(path: Path | None) -> None:
+    """Fail before minutes of probing, not after: ValueError when `path` cannot be written."""
+    if path is None:
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ValueError(f"cannot write {path}: it is a directory")
+    if not parent.is_dir():
+        raise ValueError(f"cannot write {path}: no directory {parent}")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"cannot write {path}: permission denied")
+
+
+def run_with_progress(dev, sizes, probes, impls) -> list:
+    from samebits.diagnostics.probes import iter_probes
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    results = []
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("probing", total=len(probes) * len(impls))
+        for label, rs in iter_probes(dev, sizes, probes, impls):
+            results.extend(rs)
+            bar.update(task, advance=1, description=label)
+    return results
+
+
+def _checked_inputs(device: str, only: str | None, paths: list) -> tuple:
+    from samebits.diagnostics.probes import PROBES, select
+
+    dev = resolve_device(device)
+    try:
+        probes = select(only)
+    except KeyError as e:
+        raise ValueError(f"unknown probe {e.args[0]!r}; known: {', '.join(PROBES)}") from None
+    for p in paths:
+        check_writable(p)
+    return dev, probes
+
+
+def _write_outputs(report: dict, json_path: Path | None, plot_path: Path | None) -> None:
+    from samebits.diagnostics.plot import write_plot
+    from samebits.diagnostics.report import write_json
+
+    if json_path is not None:
+        write_json(report, json_path)
+    if plot_path is not None:
+        write_plot(report, plot_path)
+
+
+def probe_command(device: str, full: bool, json_path: Path | None, plot_path: Path | None, only: str | None,
+                  fail: Callable[[str], None]) -> dict:
+    from samebits.diagnostics.impls import all_impls
+    from samebits.diagnostics.probes import DEFAULT, FULL
+    from samebits.diagnostics.report import build_report, table
+    from samebits.runtime import fingerprint
+
+    try:
+        dev, probes = _checked_inputs(device, only, [json_path, plot_path])
+    except ValueError as e:
+        fail(str(e))
+    start = time.perf_counter()
+    results = run_with_progress(dev, FULL if full else DEFAULT, probes, all_impls(dev))
+    report = build_report(str(dev), fingerprint(), results, full, time.perf_counter() - start)
+    Console().print(table(report))
+    try:
+        _write_outputs(report, json_path, plot_path)
+    except OSError as e:
+        fail(f"cannot write output: {e.strerror or e}")
+    return report
