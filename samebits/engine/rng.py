@@ -53,14 +53,18 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1) -> tuple[torch.Tensor, torch.Tensor, t
 
 
 def seed_tensor(seeds, device=None) -> torch.Tensor:
-    """64-bit seeds (Python ints in [0, 2^64) or an int64 tensor) as int64 with the same two's-complement bits."""
+    """64-bit seeds as int64 with the same two's-complement bits.
+
+    Accepts an int64 tensor or ints in [0, 2^64); negative ints down to -2^63 are read as int64 bit patterns, so a
+    tensor's `.tolist()` round-trips.
+    """
     if isinstance(seeds, torch.Tensor):
         return seeds.to(device=device, dtype=torch.int64)
     wrapped = []
     for s in seeds:
         s = int(s)
-        if not 0 <= s < 1 << 64:
-            raise ValueError(f"seed {s} outside [0, 2^64)")
+        if not -(1 << 63) <= s < 1 << 64:
+            raise ValueError(f"seed {s} outside [-2^63, 2^64)")
         wrapped.append(s - (1 << 64) if s >= 1 << 63 else s)
     return torch.tensor(wrapped, dtype=torch.int64, device=device)
 

@@ -1,0 +1,247 @@
+import random
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from samebits.diagnostics.compare import assert_same_bits, mismatch
+from samebits.engine import sampler as S
+
+
+class TorchOps:
+    """Stand-in for samebits.kernels.get_ops until the kernels land: torch's own row-wise softmax."""
+
+    mode, device = "reference", "cpu"
+
+    def softmax(self, x, dim=-1):
+        return torch.softmax(x.float(), dim=dim)
+
+    def log_softmax(self, x, dim=-1):
+        return torch.log_softmax(x.float(), dim=dim)
+
+
+OPS = TorchOps()
+VOCAB = 1536
+OFF = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}
+PARAM_MENU = [
+    dict(OFF, temperature=0.0),
+    dict(OFF),
+    dict(OFF, temperature=0.7, top_k=50),
+    dict(OFF, temperature=0.8, top_p=0.9),
+    dict(OFF, temperature=1.3, min_p=0.05),
+    dict(OFF, temperature=0.6, top_k=200, top_p=0.95, min_p=0.02),
+    dict(OFF, temperature=1.0, top_k=1),
+    dict(OFF, temperature=2.0, top_p=0.5),
+]
+FIELDS = ("token_ids", "logprobs", "top_logprob_ids", "top_logprobs")
+
+
+@dataclass
+class Row:
+    logits: torch.Tensor
+    params: dict
+    seed: int
+    sample_index: int = 0
+    position: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def random_row(rnd: random.Random, vocab=VOCAB, params=None) -> Row:
+    g = torch.Generator().manual_seed(rnd.getrandbits(62))
+    logits = torch.randn(vocab, generator=g) * rnd.choice([0.5, 2.0, 6.0])
+    return Row(logits, params or rnd.choice(PARAM_MENU), rnd.getrandbits(64), rnd.randrange(4), rnd.randrange(1 << 20))
+
+
+def run(sample_fn, rows: list[Row], k: int = 5) -> S.SamplerOutput:
+    p = {name: [r.params[name] for r in rows] for name in OFF}
+    return sample_fn(torch.stack([r.logits for r in rows]), p["temperature"], p["top_k"], p["top_p"], p["min_p"],
+                     [r.seed for r in rows], [r.sample_index for r in rows], [r.position for r in rows], k)
+
+
+def ours(*args):
+    return S.Sampler(OPS)(*args)
+
+
+def alone_vs_batched(sample_fn, needle: Row, batch_sizes, rnd: random.Random) -> dict:
+    """Bit mismatch, per output field, between `needle` sampled alone and at a random place in each batch."""
+    alone = run(sample_fn, [needle])
+    got = {f: [] for f in FIELDS}
+    for n in batch_sizes:
+        batch = [random_row(rnd) for _ in range(n - 1)]
+        at = rnd.randrange(n)
+        batch.insert(at, needle)
+        out = run(sample_fn, batch)
+        for f in FIELDS:
+            got[f].append(getattr(out, f)[at:at + 1])
+    return {f: mismatch(getattr(alone, f).expand_as(torch.cat(got[f])).contiguous(), torch.cat(got[f]))
+            for f in FIELDS}
+
+
+BATCH_SIZES = [1, 2, 3, 5, 8, 13, 16, 31, 32, 64, 97, 128]
+
+
+@pytest.mark.parametrize("menu_index", range(len(PARAM_MENU)))
+def test_row_alone_equals_row_inside_mixed_batches(menu_index):
+    rnd = random.Random(menu_index)
+    needle = random_row(rnd, params=PARAM_MENU[menu_index])
+    for f, m in alone_vs_batched(ours, needle, BATCH_SIZES, rnd).items():
+        assert m.same, (f, m)
+
+
+def global_rng_sample(logits, temperature, top_k, top_p, min_p, seeds, sample_indices, positions, k=0):
+    """The common mistake: one seeded global generator shared by the whole batch."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seeds[0])
+        t = torch.tensor([max(x, 1e-5) for x in temperature])[:, None]
+        tokens = torch.multinomial(torch.softmax(logits / t, dim=-1), 1)[:, 0]
+    logprobs = torch.log_softmax(logits, dim=-1)
+    values, ids = torch.sort(logprobs, dim=-1, descending=True, stable=True)
+    return S.SamplerOutput(tokens, logprobs.gather(1, tokens[:, None])[:, 0], ids[:, :k], values[:, :k])
+
+
+def test_negative_control_global_rng_is_caught_by_the_same_comparison():
+    rnd = random.Random(99)
+    needle = random_row(rnd, params=dict(OFF))
+    caught = alone_vs_batched(global_rng_sample, needle, BATCH_SIZES, rnd)
+    assert not caught["token_ids"].same
+    # ...while the comparison still finds it consistent where it should: logprobs do not involve the generator.
+    assert caught["top_logprobs"].same
+
+
+def test_greedy_is_argmax_with_ties_to_lowest_id():
+    logits = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
+    logits[1, 9] = logits[1, 40] = logits[1].max() + 1.0
+    out = S.sample(logits, [0.0] * 4, [5, -1, 0, 3], [0.5, 1.0, 0.9, 1.0], [0.0, 0.1, 0.0, 0.3], [1, 2, 3, 4],
+                   [0] * 4, [0] * 4, ops=OPS)
+    assert_same_bits(out.token_ids, logits.argmax(dim=-1), "greedy tokens")
+    assert int(out.token_ids[1]) == 9
+
+
+def test_logprobs_are_raw_log_softmax_whatever_the_temperature():
+    rnd = random.Random(3)
+    rows = [random_row(rnd, params=p) for p in PARAM_MENU]
+    out = run(ours, rows, k=7)
+    raw = torch.log_softmax(torch.stack([r.logits for r in rows]), dim=-1)
+    assert_same_bits(out.logprobs, raw.gather(1, out.token_ids[:, None])[:, 0], "sampled logprobs")
+    assert out.logprobs.dtype == torch.float32 and out.token_ids.dtype == torch.int64
+
+
+def test_top_logprobs_sorted_ties_to_lowest_id_and_prefix_consistent():
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, -1.0, 2.0]])
+    out = S.sample(logits, [1.0], [-1], [1.0], [0.0], [7], [0], [0], 4, ops=OPS)
+    assert out.top_logprob_ids.tolist() == [[1, 3, 5, 2]]
+    assert_same_bits(out.top_logprobs, torch.log_softmax(logits, -1)[:, [1, 3, 5, 2]], "top logprobs")
+    fewer = S.sample(logits, [1.0], [-1], [1.0], [0.0], [7], [0], [0], 2, ops=OPS)
+    assert_same_bits(fewer.top_logprob_ids, out.top_logprob_ids[:, :2], "top ids prefix")
+    none = S.sample(logits, [1.0], [-1], [1.0], [0.0], [7], [0], [0], 0, ops=OPS)
+    assert none.top_logprob_ids.shape == (1, 0) and none.top_logprobs.shape == (1, 0)
+
+
+def _many(logits_row, params, seeds, sample_indices, positions):
+    n = len(seeds)
+    return S.sample(logits_row.expand(n, -1).contiguous(), [params["temperature"]] * n, [params["top_k"]] * n,
+                    [params["top_p"]] * n, [params["min_p"]] * n, seeds, sample_indices, positions, ops=OPS).token_ids
+
+
+def test_same_key_same_token_and_each_key_part_matters():
+    logits = torch.randn(VOCAB, generator=torch.Generator().manual_seed(5))
+    n = 256
+    base = _many(logits, OFF, list(range(n)), [0] * n, [100] * n)
+    assert_same_bits(_many(logits, OFF, list(range(n)), [0] * n, [100] * n), base, "replay")
+    # With this flat a distribution two independent draws agree with probability sum(p^2) < 1 %.
+    for other in (_many(logits, OFF, list(range(n, 2 * n)), [0] * n, [100] * n),
+                  _many(logits, OFF, list(range(n)), [1] * n, [100] * n),
+                  _many(logits, OFF, list(range(n)), [0] * n, [101] * n)):
+        assert int((other == base).sum()) < n // 20
+
+
+def _chi2_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    dof = counts.numel() - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                         torch.tensor(chi2 / 2, dtype=torch.float64)))
+
+
+def ref_keep(scaled: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """Straightforward per-row reference for the filters: top-k, then top-p, then min-p, each renormalised."""
+    keep = torch.ones_like(scaled, dtype=torch.bool)
+    vocab = scaled.numel()
+    if 0 < top_k < vocab:
+        keep &= scaled >= sorted(scaled.tolist(), reverse=True)[top_k - 1]
+    if top_p < 1.0:
+        probs = torch.softmax(scaled.masked_fill(~keep, float("-inf")), -1)
+        mass, cut = 0.0, None
+        for p in sorted(probs.tolist(), reverse=True):
+            if mass >= top_p:
+                break
+            cut, mass = p, mass + p
+        keep &= probs >= cut
+    if min_p > 0.0:
+        probs = torch.softmax(scaled.masked_fill(~keep, float("-inf")), -1)
+        keep &= probs >= torch.tensor(min_p, dtype=torch.float32) * probs.max()
+    return keep
+
+
+def test_filters_match_the_reference():
+    rnd = random.Random(11)
+    rows, params = [], []
+    for _ in range(64):
+        row = random_row(rnd, vocab=257)
+        params.append({"top_k": rnd.choice([-1, 0, 1, 2, 10, 100, 256, 257, 400]),
+                       "top_p": rnd.choice([1.0, 0.99, 0.9, 0.5, 0.1, 1e-6]),
+                       "min_p": rnd.choice([0.0, 0.01, 0.2, 1.0])})
+        rows.append(row.logits / rnd.choice([0.3, 1.0, 1.7]))
+    scaled = torch.stack(rows)
+    got = S.filter_logits(scaled, [p["top_k"] for p in params], [p["top_p"] for p in params],
+                          [p["min_p"] for p in params], OPS)
+    want = torch.stack([ref_keep(x, **p) for x, p in zip(rows, params)])
+    assert_same_bits(torch.isfinite(got), want, "kept tokens")
+    assert_same_bits(got[want], scaled[want], "kept logits untouched")
+
+
+@pytest.mark.parametrize("params", [dict(OFF, temperature=0.9),
+                                    dict(OFF, temperature=1.1, top_k=7, top_p=0.85, min_p=0.05)])
+def test_empirical_distribution_matches_the_filtered_softmax(params):
+    logits = torch.tensor([1.0, 0.2, -0.5, 2.0, 0.0, -2.0, 1.5, -1.0, 0.7, -3.0])
+    scaled = logits / torch.tensor(params["temperature"], dtype=torch.float32)
+    keep = ref_keep(scaled, params["top_k"], params["top_p"], params["min_p"])
+    probs = torch.softmax(scaled.double().masked_fill(~keep, float("-inf")), -1)
+    n = 40_000
+    tokens = _many(logits, params, list(range(n)), [0] * n, [3] * n)
+    counts = torch.bincount(tokens, minlength=logits.numel()).double()
+    assert int(counts[~keep].sum()) == 0
+    assert _chi2_p_value(counts[keep], probs[keep]) > 1e-4
+
+
+def test_prefix_sum_is_row_local_and_correct():
+    x = torch.rand(40, 1000, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    full = S.inclusive_prefix_sum(x)
+    for i in (0, 17, 39):
+        assert_same_bits(S.inclusive_prefix_sum(x[i:i + 1]), full[i:i + 1], f"row {i}")
+    assert torch.allclose(full, torch.cumsum(x, -1), rtol=1e-12, atol=0)
+
+
+def test_rejects_bad_parameters():
+    logits = torch.zeros(1, 8)
+    good = {"temperature": [1.0], "top_k": [-1], "top_p": [1.0], "min_p": [0.0]}
+    for name, bad in (("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("min_p", -0.1), ("top_k", -2)):
+        with pytest.raises(ValueError, match=name):
+            S.sample(logits, **{**good, name: [bad]}, seeds=[0], sample_indices=[0], positions=[0], ops=OPS)
+    with pytest.raises(ValueError, match="float32"):
+        S.sample(logits.double(), **good, seeds=[0], sample_indices=[0], positions=[0], ops=OPS)
+    with pytest.raises(ValueError, match="seeds"):
+        S.sample(logits, **good, seeds=[0, 1], sample_indices=[0], positions=[0], ops=OPS)
+
+
+@pytest.mark.gpu
+def test_cuda_tokens_equal_cpu():
+    rnd = random.Random(21)
+    rows = [random_row(rnd, vocab=32_000) for _ in range(96)]
+    cpu = run(ours, rows)
+    logits = torch.stack([r.logits for r in rows]).cuda()
+    p = {name: [r.params[name] for r in rows] for name in OFF}
+    cuda = S.sample(logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"], [r.seed for r in rows],
+                    [r.sample_index for r in rows], [r.position for r in rows], 5, ops=OPS)
+    assert cuda.token_ids.is_cuda
+    assert_same_bits(cuda.token_ids, cpu.token_ids, "tokens cuda vs cpu")
