@@ -1,0 +1,262 @@
+"""AsyncEngine: the synchronous `LLMEngine` step loop in one thread, beside an asyncio event loop.
+
+Only the engine thread touches the engine (it is not thread-safe): the event loop sends it commands (add, abort)
+through a deque and a wake-up event, and the thread sends back outputs with `call_soon_threadsafe`. Outputs are
+cumulative, so each request keeps only its latest one: a slow reader skips intermediate steps, never tokens.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator, Optional
+
+
+class QueueFull(Exception):
+    """The bounded waiting queue is full; the request was not admitted."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"the waiting queue is full ({limit} requests)")
+        self.limit = limit
+
+
+class EngineDead(RuntimeError):
+    """The engine loop thread has stopped; no request can be served."""
+
+
+@dataclass
+class Counters:
+    """Monotonic counters kept on the event loop (read them from there)."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests_added: int = 0
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    requests_rejected: int = 0
+
+
+class _Stream:
+    """One request's mailbox on the event loop: the latest cumulative output, an error, or closed."""
+
+    def __init__(self) -> None:
+        self.latest: Any = None
+        self.error: Optional[BaseException] = None
+        self.closed = False
+        self.started = False
+        self.generated = 0
+        self.event = asyncio.Event()
+
+    def put(self, out) -> None:
+        self.latest = out
+        self.started = True
+        self.event.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.event.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.event.set()
+
+    async def next(self):
+        while True:
+            if self.latest is not None:
+                out, self.latest = self.latest, None
+                return out
+            if self.error is not None:
+                raise self.error
+            if self.closed:
+                return None
+            self.event.clear()
+            await self.event.wait()
+
+
+def _snapshot(out):
+    """Copy the lists of a RequestOutput so the engine thread may keep appending to its own."""
+    outputs = [replace(o, token_ids=list(o.token_ids),
+                       logprobs=None if o.logprobs is None else list(o.logprobs),
+                       top_logprobs=None if o.top_logprobs is None else list(o.top_logprobs)) for o in out.outputs]
+    return replace(out, outputs=outputs, prompt_token_ids=list(out.prompt_token_ids))
+
+
+class AsyncEngine:
+    def __init__(self, engine, max_waiting: int = 1024, idle_poll_s: float = 0.5):
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self.counters = Counters()
+        self.stats: Any = None
+        self._idle_poll_s = idle_poll_s
+        self._commands: collections.deque = collections.deque()
+        self._wake = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self._stopping = False
+        self.error: Optional[BaseException] = None
+        self._refresh_stats()
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Bind to the running event loop and start the engine thread (idempotent)."""
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="samebits-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def healthy(self) -> bool:
+        alive = self._thread is None or self._thread.is_alive()
+        return alive and self.error is None and not self._stopping
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests admitted here that have not produced their first output yet."""
+        return sum(not s.started for s in self._streams.values())
+
+    @property
+    def num_running(self) -> int:
+        return sum(s.started for s in self._streams.values())
+
+    # ---- event-loop side -------------------------------------------------------------------------------------------
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params,
+                       prompt: Optional[str] = None) -> AsyncIterator:
+        """Yield the request's cumulative RequestOutput as it progresses; the last has `finished` set.
+
+        Raises ValueError (from the engine, naming the field) before the first output, QueueFull, or EngineDead.
+        Closing the iterator early aborts the request and frees its KV blocks.
+        """
+        stream = self._admit(request_id)
+        added = finished = False
+        try:
+            await asyncio.wrap_future(self._submit("add", request_id, list(prompt_token_ids), params, prompt))
+            added = True
+            self.counters.prompt_tokens += len(prompt_token_ids)
+            self.counters.requests_added += 1
+            while (out := await stream.next()) is not None:
+                finished = bool(out.finished)
+                yield out
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                # Also when the add is still queued: the engine thread applies commands in order, add then abort.
+                self.counters.requests_aborted += added
+                self._submit("abort", request_id)
+
+    def _admit(self, request_id: str) -> _Stream:
+        if not self.healthy:
+            raise EngineDead("the engine loop has stopped") from self.error
+        if request_id in self._streams:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if self.num_waiting >= self.max_waiting:
+            self.counters.requests_rejected += 1
+            raise QueueFull(self.max_waiting)
+        self.start()
+        stream = self._streams[request_id] = _Stream()
+        return stream
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request; when this returns the engine has released its KV blocks."""
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.close()
+        await asyncio.wrap_future(self._submit("abort", request_id))
+
+    def _submit(self, kind: str, *args) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if not self.healthy and kind == "add":
+            future.set_exception(EngineDead("the engine loop has stopped"))
+            return future
+        self._commands.append((kind, args, future))
+        self._wake.set()
+        return future
+
+    def _dispatch(self, outputs: list) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            generated = sum(len(o.token_ids) for o in out.outputs)
+            self.counters.generation_tokens += generated - stream.generated
+            stream.generated = generated
+            self.counters.requests_finished += bool(out.finished)
+            stream.put(out)
+
+    def _fail_all(self, error: BaseException) -> None:
+        dead = EngineDead(f"the engine loop has stopped: {type(error).__name__}: {error}")
+        for stream in self._streams.values():
+            stream.fail(dead)
+
+    # ---- engine-thread side ----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                busy = self._apply_commands()
+                if self.engine.has_unfinished_requests():
+                    self._step()
+                elif busy:
+                    self._refresh_stats()
+                else:
+                    self._wake.wait(self._idle_poll_s)
+        except BaseException as e:  # the loop is dead either way; every waiter must hear why
+            self.error = e
+            self._post(self._fail_all, e)
+        finally:
+            self._fail_pending_commands()
+
+    def _step(self) -> None:
+        outputs = self.engine.step()
+        self._refresh_stats()
+        if outputs:
+            self._post(self._dispatch, [_snapshot(o) for o in outputs])
+
+    def _apply_commands(self) -> bool:
+        applied = False
+        while self._commands:
+            kind, args, future = self._commands.popleft()
+            self._apply(kind, args, future)
+            applied = True
+        return applied
+
+    def _apply(self, kind: str, args: tuple, future: concurrent.futures.Future) -> None:
+        try:
+            if kind == "add":
+                request_id, ids, params, prompt = args
+                self.engine.add_request(request_id, ids, params, prompt=prompt)
+            else:
+                self.engine.abort_request(args[0])
+        except Exception as e:  # a bad request (or an unknown id to abort) fails that request, not the loop
+            if kind == "add":
+                future.set_exception(e)
+                return
+        future.set_result(None)
+
+    def _fail_pending_commands(self) -> None:
+        while self._commands:
+            _, _, future = self._commands.popleft()
+            future.set_exception(EngineDead("the engine loop has stopped"))
+
+    def _refresh_stats(self) -> None:
+        stats = getattr(self.engine, "stats", None)
+        if stats is not None:
+            self.stats = stats()
+        self.stats_time = time.monotonic()
+
+    def _post(self, fn, *args) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(fn, *args)

@@ -1,0 +1,120 @@
+"""`build_app(async_engine, server_config)`: the FastAPI application of `samebits serve`."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from samebits import __version__
+from samebits.server.errors import APIError, engine_dead, error_response, not_found
+from samebits.server.metrics import CONTENT_TYPE
+from samebits.server.middleware import GuardMiddleware
+from samebits.server.protocol import ChatRequest, CompletionRequest
+from samebits.server.serving import ServerState, chat_job, completion_job, handle, json_response
+
+log = logging.getLogger("samebits.server")
+
+
+def guarded(fn):
+    """Turn APIError into its JSON and any other exception into a 500 JSON inside the app, so that even a server
+    error passes the middleware and carries the numerics headers."""
+
+    @functools.wraps(fn)
+    async def wrapper(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except APIError as e:
+            return error_response(e)
+        except Exception:
+            log.exception("internal error on %s", request.url.path)
+            return error_response(APIError(500, "Internal server error.", "server_error", None, "internal_error"))
+
+    return wrapper
+
+
+def _lifespan(state: ServerState):
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        state.ae.start()
+        try:
+            yield
+        finally:
+            state.ae.shutdown()
+
+    return lifespan
+
+
+def _model_card(state: ServerState) -> dict:
+    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "samebits",
+            "root": state.config.model, "max_model_len": state.max_model_len}
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/v1/completions")
+    @guarded
+    async def completions(request: Request) -> Response:
+        return await handle(state, request, CompletionRequest, completion_job)
+
+    @app.post("/v1/chat/completions")
+    @guarded
+    async def chat_completions(request: Request) -> Response:
+        return await handle(state, request, ChatRequest, chat_job)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return json_response({"object": "list", "data": [_model_card(state)]}, {})
+
+    @app.get("/v1/models/{model:path}")
+    @guarded
+    async def model(request: Request) -> Response:
+        state.check_model(request.path_params["model"])
+        return json_response(_model_card(state), {})
+
+    _add_ops_routes(app, state)
+
+
+def _add_ops_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/health")
+    async def health() -> Response:
+        if not state.ae.healthy:
+            return error_response(engine_dead())
+        return json_response({"status": "ok"}, {})
+
+    @app.get("/version")
+    async def version() -> Response:
+        return json_response({"version": __version__, "fingerprint": state.fingerprint}, {})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+def _add_handlers(app: FastAPI) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            return error_response(not_found(f"No route for {request.method} {request.url.path}."))
+        return error_response(APIError(exc.status_code, f"{exc.detail} ({request.method} {request.url.path})."))
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> Response:
+        return error_response(exc)
+
+
+def build_app(async_engine, server_config) -> FastAPI:
+    state = ServerState(async_engine, server_config)
+    app = FastAPI(title="samebits", version=__version__, docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=_lifespan(state))
+    app.state.samebits = state
+    _add_routes(app, state)
+    _add_handlers(app)
+    app.add_middleware(GuardMiddleware, numerics_headers=state.headers, api_keys=server_config.api_keys,
+                       max_header_count=server_config.max_header_count,
+                       max_header_bytes=server_config.max_header_bytes,
+                       on_error=lambda status: state.metrics.http_errors.labels(str(status)).inc())
+    return app

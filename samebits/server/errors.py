@@ -1,0 +1,71 @@
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with the HTTP status that fits."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+from starlette.responses import Response
+
+
+class APIError(Exception):
+    """An error the client gets as OpenAI error JSON; `status` < 500 whenever the client is at fault."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: Optional[str] = None, code: Optional[str] = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def invalid(message: str, param: Optional[str] = None, code: Optional[str] = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+def not_found(message: str, param: Optional[str] = None, code: str = "not_found") -> APIError:
+    return APIError(404, message, "invalid_request_error", param, code)
+
+
+def unauthorized() -> APIError:
+    return APIError(401, "Missing or incorrect API key: send `Authorization: Bearer <key>`.",
+                    "invalid_request_error", None, "invalid_api_key")
+
+
+def too_large(limit: int) -> APIError:
+    return APIError(413, f"Request body exceeds the limit of {limit} bytes.", "invalid_request_error", None,
+                    "request_too_large")
+
+
+def queue_full(limit: int) -> APIError:
+    # 429, not 503: the server is healthy, it only refuses more waiting work; the client may retry later.
+    return APIError(429, f"The waiting queue is full ({limit} requests); retry later.", "rate_limit_error", None,
+                    "queue_full")
+
+
+def engine_dead() -> APIError:
+    return APIError(503, "The engine loop has stopped; this server cannot serve requests.", "server_error", None,
+                    "engine_dead")
+
+
+def error_response(err: APIError, headers: Optional[dict] = None) -> Response:
+    return Response(json.dumps(err.body()), status_code=err.status, headers=headers, media_type="application/json")
+
+
+def validation_message(error: dict) -> tuple[str, Optional[str]]:
+    """A pydantic error dict -> (message naming the field, param)."""
+    loc = [str(p) for p in error.get("loc", ()) if p not in ("body",)]
+    # Union members add their type name to the location; it tells the client nothing about its own field.
+    loc = [p for p in loc if not _is_type_tag(p)]
+    param = loc[0] if loc else None
+    where = ".".join(loc) if loc else "body"
+    return f"{where}: {error.get('msg', 'invalid value')}", param
+
+
+def _is_type_tag(part: str) -> bool:
+    return part in ("str", "int", "float", "list[str]", "list[int]", "list[list[int]]", "bool") or part.startswith(
+        ("function-", "list[", "dict[", "literal[", "tagged-union", "union["))

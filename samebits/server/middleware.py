@@ -1,0 +1,88 @@
+"""One pure-ASGI middleware (no BaseHTTPMiddleware: it buffers streams and hides disconnects).
+
+On every HTTP response: the numerics headers and X-Request-Id. Before the app: header count/size limits and the API
+key check (constant-time; /health and /metrics stay open so probes and scrapers need no secret).
+"""
+from __future__ import annotations
+
+import hmac
+import re
+import uuid
+from typing import Optional
+
+from samebits.server.errors import APIError, error_response, unauthorized
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def request_id_of(headers: list[tuple[bytes, bytes]]) -> str:
+    """The client's X-Request-Id when it is a plain token (it is echoed into a header), else a new one."""
+    for k, v in headers:
+        if k.lower() == b"x-request-id":
+            value = v.decode("latin-1")
+            if _REQUEST_ID.match(value):
+                return value
+    return uuid.uuid4().hex
+
+
+def bearer_token(headers: list[tuple[bytes, bytes]]) -> Optional[bytes]:
+    for k, v in headers:
+        if k.lower() == b"authorization" and v[:7].lower() == b"bearer ":
+            return v[7:].strip()
+    return None
+
+
+def key_matches(token: Optional[bytes], keys: tuple[bytes, ...]) -> bool:
+    # Every key is compared (no early exit), each in constant time, so timing says nothing about which or how close.
+    ok = False
+    for key in keys:
+        ok |= hmac.compare_digest(token or b"", key)
+    return ok and token is not None
+
+
+class GuardMiddleware:
+    def __init__(self, app, numerics_headers: dict[str, str], api_keys: tuple[str, ...], max_header_count: int,
+                 max_header_bytes: int, on_error=None):
+        self.app = app
+        self.static = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in numerics_headers.items()]
+        self.keys = tuple(k.encode("utf-8") for k in api_keys)
+        self.max_count = max_header_count
+        self.max_bytes = max_header_bytes
+        self.on_error = on_error
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        rid = request_id_of(scope["headers"])
+        scope.setdefault("state", {})["request_id"] = rid
+        send = self._decorated(send, rid)
+        problem = self._check(scope)
+        if problem is not None:
+            return await error_response(problem)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def _decorated(self, send, rid: str):
+        extra = self.static + [(b"x-request-id", rid.encode("latin-1"))]
+
+        async def wrapped(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", [])) + extra
+                if message["status"] >= 400 and self.on_error is not None:
+                    self.on_error(message["status"])
+            await send(message)
+
+        return wrapped
+
+    def _check(self, scope) -> Optional[APIError]:
+        headers = scope["headers"]
+        if len(headers) > self.max_count:
+            return APIError(431, f"Too many request headers: {len(headers)} > {self.max_count}.",
+                            code="header_fields_too_large")
+        size = sum(len(k) + len(v) for k, v in headers)
+        if size > self.max_bytes:
+            return APIError(431, f"Request headers too large: {size} bytes > {self.max_bytes}.",
+                            code="header_fields_too_large")
+        if self.keys and scope["path"] not in OPEN_PATHS and not key_matches(bearer_token(headers), self.keys):
+            return unauthorized()
+        return None

@@ -1,0 +1,85 @@
+"""Real uvicorn servers on 127.0.0.1 (a socket bound to port 0, so no port races), one per fixture."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from samebits.engine.async_engine import AsyncEngine
+from samebits.server.app import build_app
+from samebits.server.config import ServerConfig
+from samebits.server.serve import uvicorn_config
+from tests.server.fake_engine import FakeLLMEngine
+
+MODEL_NAME = "tiny"
+
+
+@dataclass
+class LiveServer:
+    url: str
+    app: object
+    async_engine: AsyncEngine
+    config: ServerConfig
+    server: object
+    thread: threading.Thread
+
+    @property
+    def engine(self):
+        return self.async_engine.engine
+
+    def client(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=kw.pop("timeout", 60), **kw)
+
+    def healthy(self) -> bool:
+        return httpx.get(f"{self.url}/health", timeout=10).status_code == 200
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "uvicorn did not stop"
+
+
+def start_server(engine, **overrides) -> LiveServer:
+    import uvicorn
+
+    config = ServerConfig(**{"model": MODEL_NAME, "port": 0, "log_level": "warning", **overrides})
+    async_engine = AsyncEngine(engine, max_waiting=config.max_waiting)
+    app = build_app(async_engine, config)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn_config(app, config))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return LiveServer(url, app, async_engine, config, server, thread)
+
+
+def make_engine():
+    """The one place that decides which engine the shared server runs."""
+    return FakeLLMEngine(max_model_len=256, max_num_seqs=64)
+
+
+@pytest.fixture(scope="session")
+def server():
+    live = start_server(make_engine(), max_n=16)
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def fake_server(request):
+    """A fresh server on the FakeLLMEngine; parametrise with indirect=True to pass ServerConfig overrides."""
+    overrides = dict(getattr(request, "param", {}) or {})
+    engine_kw = overrides.pop("engine", {})
+    live = start_server(FakeLLMEngine(**engine_kw), **overrides)
+    yield live
+    live.stop()

@@ -1,0 +1,163 @@
+"""A FakeLLMEngine that follows the engine contract (docs/CONTRACTS.md) exactly, for failure injection.
+
+Tokens are a hash of (prompt, seed if sampling, sample index, position), so outputs are a function of the request
+alone, like the real engine's; logprobs are float32 values; KV blocks are counted so abort/free can be checked.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+import time
+from dataclasses import dataclass, field
+
+from samebits.engine.outputs import CompletionOutput, RequestOutput
+from samebits.engine.sampling_params import SamplingParams
+
+VOCAB = 512
+EOS = 0
+BLOCK = 16
+
+
+def _f32(x: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def _h(*parts) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little")
+
+
+class FakeTokenizer:
+    """Token t <-> one CJK character; text outside that range is encoded by code point modulo the vocabulary."""
+
+    vocab_size = VOCAB
+    eos_token_ids = {EOS}
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [(ord(ch) - 0x4E00) % VOCAB if ord(ch) >= 0x4E00 else ord(ch) % VOCAB for ch in text]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(0x4E00 + t) for t in ids if not (skip_special_tokens and t == EOS))
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        text = "".join(f"{m['role']}:{m['content']}\n" for m in messages)
+        return text + ("assistant:" if add_generation_prompt else "")
+
+
+@dataclass
+class FakeStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    kv_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+
+
+@dataclass
+class _Req:
+    rid: str
+    prompt: str | None
+    ids: list[int]
+    params: SamplingParams
+    seed: int
+    samples: list[CompletionOutput] = field(default_factory=list)
+    prefilled: bool = False
+
+
+class FakeLLMEngine:
+    def __init__(self, max_model_len: int = 256, max_num_seqs: int = 64, num_blocks: int = 4096,
+                 step_delay_s: float = 0.0):
+        self.tokenizer = FakeTokenizer()
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.num_blocks = num_blocks
+        self.step_delay_s = step_delay_s
+        self.model_name = "fake"
+        self.fail_next_step = False
+        self.requests: dict[str, _Req] = {}
+        self.steps = 0
+
+    def fingerprint(self) -> dict:
+        return {"samebits": "0.1.0", "torch": "fake", "cuda_runtime": None, "cublas": None, "driver": None,
+                "mode": "deterministic", "numerics_profile": "fakeprofile", "hash": "fakehash0123"}
+
+    def add_request(self, request_id, prompt_token_ids, params, prompt=None) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} already exists")
+        if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(f"max_tokens {params.max_tokens} + prompt {len(prompt_token_ids)} exceeds "
+                             f"max_model_len {self.max_model_len}")
+        seed = params.seed if params.seed is not None else _h("seed", request_id) % 2**63
+        samples = [CompletionOutput(i, "", [], [] if params.logprobs is not None else None,
+                                    [] if params.logprobs else None) for i in range(params.n)]
+        self.requests[request_id] = _Req(request_id, prompt, list(prompt_token_ids), params, seed, samples)
+
+    def abort_request(self, request_id) -> None:
+        self.requests.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def _running(self) -> list[_Req]:
+        return list(self.requests.values())[: self.max_num_seqs]
+
+    def step(self) -> list[RequestOutput]:
+        if self.fail_next_step:
+            raise RuntimeError("injected engine failure")
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+        self.steps += 1
+        outs = [self._advance(r) for r in self._running()]
+        for out in outs:
+            if out.finished:
+                del self.requests[out.request_id]
+        return outs
+
+    def _advance(self, r: _Req) -> RequestOutput:
+        if r.prefilled:
+            for s in r.samples:
+                if s.finish_reason is None:
+                    self._sample(r, s)
+        r.prefilled = True
+        done = all(s.finish_reason is not None for s in r.samples)
+        return RequestOutput(r.rid, r.prompt, list(r.ids), [_copy(s) for s in r.samples], 0, r.seed, "fakehash0123",
+                             done)
+
+    def _sample(self, r: _Req, s: CompletionOutput) -> None:
+        p, pos = r.params, len(s.token_ids)
+        key = (tuple(r.ids), r.seed if p.temperature > 0 else 0, s.index if p.temperature > 0 else 0, pos)
+        token = _h("tok", key) % VOCAB
+        s.token_ids.append(token)
+        s.text = self.tokenizer.decode(s.token_ids)
+        if s.logprobs is not None:
+            s.logprobs.append(_f32(-((_h("lp", key) % 100000) / 7919.0)))
+        if s.top_logprobs is not None:
+            s.top_logprobs.append({(token + k) % VOCAB: _f32(-k - 0.5) for k in range(p.logprobs)})
+        self._finish(r, s, token)
+
+    def _finish(self, r: _Req, s: CompletionOutput, token: int) -> None:
+        p = r.params
+        for stop in p.stop_strings:
+            at = s.text.find(stop)
+            if at >= 0:
+                s.text, s.finish_reason, s.stop_reason = s.text[:at], "stop", stop
+                return
+        if token in p.stop_token_set or (token == EOS and not p.ignore_eos):
+            s.finish_reason, s.stop_reason = "stop", (token if token != EOS else None)
+        elif len(s.token_ids) >= p.max_tokens:
+            s.finish_reason = "length"
+
+    def stats(self) -> FakeStats:
+        used = sum(-(-(len(r.ids) + max(len(s.token_ids) for s in r.samples)) // BLOCK) for r in self.requests.values())
+        return FakeStats(num_running=min(len(self.requests), self.max_num_seqs),
+                         num_waiting=max(0, len(self.requests) - self.max_num_seqs),
+                         num_free_blocks=self.num_blocks - used, num_total_blocks=self.num_blocks,
+                         kv_usage=used / self.num_blocks)
+
+
+def _copy(s: CompletionOutput) -> CompletionOutput:
+    return CompletionOutput(s.index, s.text, list(s.token_ids), None if s.logprobs is None else list(s.logprobs),
+                            None if s.top_logprobs is None else list(s.top_logprobs), None, s.finish_reason,
+                            s.stop_reason)
