@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="samebits: same request, same bits.")
 console = Console()
@@ -16,8 +17,17 @@ console = Console()
 
 def fail(message: str, code: int = 2) -> None:
     """One-line error and a non-zero exit; never a traceback for the user's mistake."""
-    Console(stderr=True).print(f"[bold red]error:[/] {message}")
+    # soft_wrap keeps it one line at any terminal width; Text keeps paths like `a[1].json` from parsing as markup.
+    Console(stderr=True, soft_wrap=True).print(Text.assemble(("error:", "bold red"), " ", message))
     raise typer.Exit(code)
+
+
+MODES = ("fast", "deterministic")
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        fail(f"unknown mode {mode!r}; use {' or '.join(MODES)}")
 
 
 def _print_json_or_table(data: dict, title: str, as_json: bool) -> None:
@@ -65,6 +75,7 @@ def fingerprint_cmd(
     """Every version and setting that can change output bits, and their hash."""
     from samebits.runtime import fingerprint
 
+    _check_mode(mode)
     _print_json_or_table(fingerprint(mode), "samebits fingerprint", as_json)
 
 
@@ -73,6 +84,7 @@ def lock(path: Path = typer.Argument(Path("samebits.lock")), mode: str = "determ
     """Write the fingerprint to a lock file."""
     from samebits.runtime import write_lock
 
+    _check_mode(mode)
     try:
         fp = write_lock(path, mode)
     except OSError as e:
@@ -87,7 +99,12 @@ def verify_lock_cmd(path: Path = typer.Argument(Path("samebits.lock"))):
 
     if not path.is_file():
         fail(f"no lock file at {path}; write one with `samebits lock {path}`")
-    drift = verify_lock(path)
+    try:
+        drift = verify_lock(path)
+    except OSError as e:
+        fail(f"cannot read {path}: {e.strerror}")
+    except ValueError as e:
+        fail(f"{path} is not a samebits lock file ({e})")
     if not drift:
         console.print("[green]no drift[/]")
         return
@@ -155,6 +172,43 @@ def generate(
 
     generate_command(prompt, model=model, mode=mode, max_tokens=max_tokens, temperature=temperature, seed=seed,
                      chat=chat, device=device, fail=fail)
+
+
+@app.command()
+def serve(
+    model: str = typer.Option("smollm2-135m", help="Model name or path."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
+    port: int = typer.Option(8000),
+    mode: str = typer.Option("deterministic", help="deterministic or fast"),
+    api_keys: list[str] = typer.Option([], "--api-key", help="Accepted bearer key (repeat for several)."),
+    served_model_name: Optional[str] = typer.Option(None, help="Model name clients send (default: --model)."),
+    device: Optional[str] = typer.Option(None),
+    dtype: Optional[str] = typer.Option(None),
+    max_model_len: Optional[int] = typer.Option(None),
+    max_num_seqs: int = typer.Option(256),
+    max_num_batched_tokens: int = typer.Option(2048),
+    enable_prefix_caching: bool = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching"),
+    max_waiting: int = typer.Option(1024, help="Waiting requests before 429."),
+    max_n: int = typer.Option(16),
+    max_logprobs: int = typer.Option(20),
+    max_prompts: int = typer.Option(64, help="Prompts in one completion request."),
+    max_stop: int = typer.Option(16, help="Stop strings (and stop token ids) in one request."),
+    max_body_bytes: int = typer.Option(4 * 1024 * 1024),
+    max_header_count: int = typer.Option(64),
+    max_header_bytes: int = typer.Option(16 * 1024),
+    timeout_keep_alive: int = typer.Option(5),
+    log_level: str = typer.Option("info"),
+):
+    """The OpenAI-compatible HTTP server (same request, same bits, with numerics headers)."""
+    from samebits.server.config import ServerConfig
+    from samebits.server.serve import ServeError, serve as run_server
+
+    values = {k: v for k, v in locals().items() if k not in ("ServerConfig", "ServeError", "run_server")}
+    try:
+        config = ServerConfig(**{**values, "api_keys": tuple(api_keys)})
+        run_server(config)
+    except (ValueError, ServeError) as e:
+        fail(str(e))
 
 
 def main() -> None:
