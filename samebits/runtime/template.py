@@ -115,14 +115,23 @@ def deterministic_runtime():
     _check_not_too_late(torch)
     saved_env = {k: os.environ.get(k) for k in TEMPLATE_ENV}
     saved_flags = _torch_flags(torch)
+    cuda_was_up = torch.cuda.is_initialized()
     try:
         os.environ.update(TEMPLATE_ENV)
         _set_torch_flags(torch, DETERMINISTIC_FLAGS)
         yield
     finally:
         _set_torch_flags(torch, saved_flags)
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        if torch.cuda.is_initialized() and not cuda_was_up:
+            # cuBLAS read the template's value inside this block and keeps it for the process's life:
+            # leave the variable telling the truth (and let later blocks in this process pass the check).
+            saved_env.pop("CUBLAS_WORKSPACE_CONFIG")
+        _restore_env(saved_env)
+
+
+def _restore_env(saved: dict[str, str | None]) -> None:
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
