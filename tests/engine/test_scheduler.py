@@ -1,0 +1,339 @@
+import hashlib
+import random
+
+import pytest
+
+from samebits.engine.block_manager import BlockManager
+from samebits.engine.config import EngineConfig
+from samebits.engine.sampling_params import SamplingParams
+from samebits.engine.scheduler import Scheduler, SchedulerFull
+from samebits.engine.sequence import SequenceStatus
+
+EOS = 0
+VOCAB = 40
+
+
+def make(num_blocks=64, block_size=4, max_model_len=64, caching=True, **kw):
+    bm = BlockManager(num_blocks, block_size, caching)
+    return Scheduler(bm, max_model_len=max_model_len, eos_token_ids={EOS}, **kw)
+
+
+def draw(seq, context):
+    """A fake model + sampler: the next token is a function of the request and the KV it reads, nothing else."""
+    key = repr((seq.seed, seq.sample_index, context)).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") % VOCAB
+
+
+class FakeRunner:
+    """Writes (token, position) into KV slots and checks every chunk reads exactly its own history."""
+
+    def __init__(self, sched):
+        self.sched, self.bm, self.kv = sched, sched.bm, {}
+
+    def slot(self, seq, pos):
+        bs = self.bm.block_size
+        return seq.block_table[pos // bs] * bs + pos % bs
+
+    def run(self, out):
+        sampled = {}
+        for item in out.scheduled:
+            seq = item.seq
+            assert item.start == seq.num_computed_tokens and item.num_new_tokens >= 1
+            for i, tok in enumerate(item.token_ids):
+                block = self.bm.blocks[seq.block_table[(item.start + i) // self.bm.block_size]]
+                assert block.ref_count == 1 and block.hash is None, "writing into a shared or cached block"
+                self.kv[self.slot(seq, item.start + i)] = (tok, item.start + i)
+            context = [self.kv[self.slot(seq, p)] for p in range(item.context_len)]
+            assert context == list(zip(seq.token_ids[: item.context_len], range(item.context_len)))
+            if item.sample:
+                sampled[seq.seq_id] = draw(seq, tuple(context))
+        return sampled
+
+
+def drive(sched, max_steps=5000, on_step=None, runner=None):
+    # One runner per scheduler: its fake KV must outlive a drive() so later prefix hits read real entries.
+    runner = runner or sched.__dict__.setdefault("_fake_runner", FakeRunner(sched))
+    for step in range(max_steps):
+        if not sched.has_unfinished():
+            return step
+        out = sched.schedule()
+        sched.check_integrity()
+        check_shape(sched, out)
+        if on_step:
+            on_step(step, out)
+        sched.update(out, runner.run(out))
+        sched.check_integrity()
+    raise AssertionError("did not finish")
+
+
+def check_shape(sched, out):
+    assert out.num_padded_tokens <= sched.max_num_batched_tokens
+    assert len(out.scheduled) <= sched.max_num_seqs and out.batch_pad_to >= len(out.scheduled)
+    assert len({id(s.seq) for s in out.scheduled}) == len(out.scheduled)
+    for item in out.scheduled:
+        assert item.sample == (item.context_len == item.seq.num_tokens)
+
+
+def add(sched, rid, prompt, **params):
+    return sched.add_request(rid, prompt, SamplingParams(**params), seed=hash(rid) % 1000)
+
+
+def results(sched_requests):
+    return {(s.request_id, s.sample_index): (tuple(s.output_token_ids), s.finish_reason) for s in sched_requests}
+
+
+def test_chunked_prefill_spans_steps_and_samples_once():
+    sched = make(max_num_batched_tokens=16, max_model_len=128)
+    (seq,) = add(sched, "long", list(range(1, 41)), max_tokens=2, ignore_eos=True)
+    chunks = []
+    drive(sched, on_step=lambda i, out: chunks.append([(x.start, x.num_new_tokens, x.sample) for x in out.scheduled]))
+    assert chunks == [[(0, 16, False)], [(16, 16, False)], [(32, 8, True)], [(40, 1, True)]]
+    assert seq.finish_reason == "length" and seq.num_generated == 2
+
+
+def test_budget_decodes_first_then_fcfs_prefills():
+    sched = make(max_num_batched_tokens=10)
+    add(sched, "a", [1, 2, 3], max_tokens=5, ignore_eos=True)
+    sched.update(out := sched.schedule(), FakeRunner(sched).run(out))
+    add(sched, "b", list(range(1, 21)), max_tokens=1)
+    add(sched, "c", [5, 6], max_tokens=1)
+    out = sched.schedule()
+    assert [(x.seq.request_id, x.num_new_tokens) for x in out.scheduled] == [("a", 1), ("b", 9)]
+    assert out.kind == "mixed" and out.num_batched_tokens == 10
+
+
+def test_max_num_seqs_caps_running():
+    sched = make(max_num_seqs=2)
+    for i in range(5):
+        add(sched, f"r{i}", [1, 2, 3], max_tokens=3, ignore_eos=True)
+    drive(sched, on_step=lambda i, out: (len(sched.running) <= 2) or pytest.fail("too many running"))
+
+
+def test_prefix_cache_hit_reported_and_skipped():
+    sched = make(block_size=4, max_model_len=128)
+    shared = list(range(1, 13))
+    add(sched, "cold", shared + [20, 21], max_tokens=1)
+    drive(sched)
+    (hot,) = add(sched, "hot", shared + [30], max_tokens=1)
+    out = sched.schedule()
+    assert hot.num_cached_tokens == 12 and out.scheduled[0].start == 12 and out.scheduled[0].num_new_tokens == 1
+    assert sched.stats()["prefix_hits"] == 12
+
+
+def test_n_samples_get_distinct_keys_and_share_prefix():
+    sched = make(max_model_len=128)
+    seqs = add(sched, "r", list(range(1, 30)), n=4, max_tokens=8, ignore_eos=True)
+    drive(sched)
+    assert [s.sample_index for s in seqs] == [0, 1, 2, 3]
+    assert len({tuple(s.output_token_ids) for s in seqs}) == 4
+    assert "r" not in sched.requests
+
+
+def test_stop_conditions():
+    sched = make()
+    # Find what the fake model emits first, then stop on it in different ways.
+    (probe,) = add(sched, "probe", [7, 8, 9], max_tokens=1)
+    drive(sched)
+    first = probe.output_token_ids[0]
+    (by_id,) = add(sched, "probe", [7, 8, 9], max_tokens=5, stop_token_ids=[first])
+    drive(sched)
+    assert by_id.finish_reason == "stop" and by_id.stop_reason == first and by_id.output_token_ids == [first]
+    (by_len,) = add(sched, "len", [7, 8, 9], max_tokens=3, ignore_eos=True)
+    (by_ctx,) = add(sched, "ctx", list(range(1, 60)), max_tokens=100, ignore_eos=True)
+    drive(sched)
+    assert by_len.finish_reason == "length" and by_len.num_generated == 3
+    assert by_ctx.finish_reason == "length" and by_ctx.num_tokens == 64
+
+
+def test_eos_stops_unless_ignored():
+    sched = make()
+    sched.eos_token_ids = frozenset(range(VOCAB))  # every token is eos
+    (stops,) = add(sched, "a", [1, 2], max_tokens=5)
+    (ignores,) = add(sched, "b", [1, 2], max_tokens=5, ignore_eos=True)
+    drive(sched)
+    assert stops.num_generated == 1 and stops.finish_reason == "stop" and stops.stop_reason is None
+    assert ignores.num_generated == 5 and ignores.finish_reason == "length"
+
+
+def test_finish_hook_for_stop_strings_frees_blocks():
+    sched = make()
+    (seq,) = add(sched, "a", [1, 2, 3, 4, 5], max_tokens=10, ignore_eos=True)
+    out = sched.schedule()
+    sched.update(out, FakeRunner(sched).run(out))
+    sched.finish(seq, "stop", "###")
+    assert seq.status is SequenceStatus.FINISHED_STOPPED and seq.stop_reason == "###" and not seq.block_table
+    assert sched.bm.num_free_blocks == sched.bm.num_blocks and not sched.has_unfinished()
+    sched.check_integrity()
+
+
+def test_abort_frees_blocks_at_once_even_mid_step():
+    sched = make()
+    (a,) = add(sched, "a", list(range(1, 20)), max_tokens=10)
+    (b,) = add(sched, "b", list(range(1, 9)), max_tokens=10, ignore_eos=True)
+    out = sched.schedule()
+    assert sched.abort("a") == [a] and a.finish_reason == "abort" and not a.block_table
+    sched.check_integrity()
+    sched.update(out, run_live(FakeRunner(sched), out))
+    assert a.num_generated == 0 and b.num_generated == 1
+    assert sched.abort("a") == [] and sched.abort("nope") == []
+    sched.abort("b")
+    assert sched.bm.num_free_blocks == sched.bm.num_blocks
+    sched.check_integrity()
+
+
+def test_abort_waiting_request():
+    sched = make(max_num_seqs=1)
+    add(sched, "a", [1, 2], max_tokens=3)
+    add(sched, "b", [1, 2], n=2, max_tokens=3)
+    sched.schedule()
+    assert len(sched.abort("b")) == 2 and len(sched.waiting) == 0
+    sched.check_integrity()
+
+
+def test_preemption_by_recompute_and_recovery():
+    prompts = {f"r{i}": [1 + i % 3] * (6 + 3 * i) for i in range(6)}
+
+    def run(num_blocks):
+        sched = make(num_blocks=num_blocks, block_size=4, max_model_len=48)
+        seqs = [s for rid, p in prompts.items() for s in add(sched, rid, p, max_tokens=20, ignore_eos=True)]
+        victims = []
+        drive(sched, on_step=lambda i, out: victims.extend(out.preempted))
+        return results(seqs), sched, victims
+
+    ample, _, none = run(200)
+    tight, sched, victims = run(12)
+    assert not none and sched.num_preemptions > 0 and tight == ample
+    assert any(v.num_preemptions for v in victims)
+
+
+def test_preemption_victim_is_latest_arrival_and_goes_to_front():
+    sched = make(num_blocks=4, block_size=4, max_model_len=16)
+    (a,) = add(sched, "a", [1] * 4, max_tokens=10, ignore_eos=True)
+    (b,) = add(sched, "b", [2] * 4, max_tokens=10, ignore_eos=True)
+    (c,) = add(sched, "c", [3] * 9, max_tokens=10, ignore_eos=True)
+    runner = FakeRunner(sched)
+    preempted = []
+    while not preempted:
+        out = sched.schedule()
+        preempted = out.preempted
+        sched.update(out, runner.run(out))
+        sched.check_integrity()
+    assert preempted[0] is b and sched.waiting[0] is b and b.num_computed_tokens == 0
+    assert b.num_generated > 0, "generated tokens are kept and recomputed"
+
+
+def test_outputs_are_a_function_of_the_request_alone():
+    """Budget, pool size, seq cap, prefix caching and policy change who runs together, never the tokens."""
+    rng = random.Random(7)
+    shared = [rng.randrange(1, VOCAB) for _ in range(24)]
+    reqs = []
+    for i in range(24):
+        prompt = shared[: rng.randrange(0, 24)] + [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 30))]
+        reqs.append((f"r{i}", prompt, dict(max_tokens=rng.randrange(1, 20), n=rng.choice([1, 1, 2]))))
+    configs = [
+        dict(num_blocks=400, max_num_batched_tokens=2048),
+        dict(num_blocks=400, max_num_batched_tokens=7),
+        dict(num_blocks=24, max_num_batched_tokens=64),
+        dict(num_blocks=400, max_num_seqs=1),
+        dict(num_blocks=400, caching=False),
+        dict(num_blocks=30, policy="bucketed", max_num_seqs=16, max_num_batched_tokens=64),
+    ]
+    outcomes = []
+    for cfg in configs:
+        sched = make(block_size=4, max_model_len=96, **cfg)
+        seqs = [s for rid, p, kw in reqs for s in add(sched, rid, p, **kw)]
+        drive(sched)
+        outcomes.append(results(seqs))
+    assert all(o == outcomes[0] for o in outcomes[1:])
+
+
+def test_bucketed_shapes():
+    sched = make(num_blocks=200, max_model_len=128, policy="bucketed", max_num_seqs=32, max_num_batched_tokens=64)
+    assert sched.length_buckets == (16, 32, 64) and sched.batch_buckets == (8, 16, 32)
+    for i in range(11):
+        add(sched, f"r{i}", [1 + i] * (3 + 9 * i), max_tokens=4, ignore_eos=True)
+    kinds = []
+
+    def check(step, out):
+        kinds.append(out.kind)
+        if out.kind == "prefill":
+            (item,) = out.scheduled
+            assert out.batch_pad_to == 1 and item.pad_to in sched.length_buckets and item.pad_to >= item.num_new_tokens
+        else:
+            assert out.kind == "decode" and out.batch_pad_to in sched.batch_buckets
+            assert all(x.pad_to == 1 for x in out.scheduled)
+    drive(sched, on_step=check)
+    assert "decode" in kinds and "prefill" in kinds and "mixed" not in kinds
+    assert any(a == "prefill" and b == "decode" for a, b in zip(kinds, kinds[1:])), "kinds alternate"
+
+
+def test_validation_errors():
+    sched = make(max_model_len=16, max_waiting=2)
+    with pytest.raises(ValueError, match="max_model_len - 1 = 15"):
+        add(sched, "x", [1] * 16)
+    add(sched, "a", [1])
+    with pytest.raises(ValueError, match="already in flight"):
+        add(sched, "a", [1])
+    add(sched, "b", [1])
+    assert not sched.can_add_request()
+    with pytest.raises(SchedulerFull, match="max_waiting is 2"):
+        add(sched, "c", [1])
+    with pytest.raises(ValueError, match="at least max_model_len=64"):
+        make(num_blocks=4, block_size=4, max_model_len=64)
+    with pytest.raises(ValueError, match="max_num_batched_tokens must be >= the largest batch bucket"):
+        make(policy="bucketed", max_num_seqs=32, max_num_batched_tokens=16)
+
+
+def test_step_protocol_errors():
+    sched = make()
+    (s,) = add(sched, "a", [1, 2], max_tokens=2)
+    out = sched.schedule()
+    with pytest.raises(RuntimeError, match="twice"):
+        sched.schedule()
+    with pytest.raises(ValueError, match="no sampled token"):
+        sched.update(out, {})
+    with pytest.raises(RuntimeError, match="last schedule"):
+        sched.update(out, {s.seq_id: 1})
+
+
+def test_from_config():
+    cfg = EngineConfig(block_size=8, max_num_seqs=4, max_num_batched_tokens=32, policy="bucketed", max_waiting=3)
+    sched = Scheduler.from_config(cfg, num_blocks=10, max_model_len=64, eos_token_ids=[2])
+    assert (sched.bm.block_size, sched.max_num_seqs, sched.policy, sched.max_waiting) == (8, 4, "bucketed", 3)
+    assert sched.eos_token_ids == {2} and sched.batch_buckets == (4,)
+
+
+@pytest.mark.parametrize("policy", ["dynamic", "bucketed"])
+def test_random_soak_with_aborts_and_finishes(policy):
+    rng = random.Random({"dynamic": 11, "bucketed": 12}[policy])
+    sched = make(num_blocks=20, block_size=4, max_model_len=60, max_num_seqs=8, max_num_batched_tokens=24,
+                 policy=policy)
+    runner = sched.__dict__.setdefault("_fake_runner", FakeRunner(sched))
+    shared = [rng.randrange(1, VOCAB) for _ in range(20)]
+    next_id = 0
+    for _ in range(600):
+        if rng.random() < 0.3 and sched.can_add_request():
+            prompt = shared[: rng.randrange(0, 20)] + [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 25))]
+            add(sched, f"q{next_id}", prompt, max_tokens=rng.randrange(1, 30), n=rng.choice([1, 1, 2]))
+            next_id += 1
+        out = sched.schedule()
+        sched.check_integrity()
+        check_shape(sched, out)
+        if rng.random() < 0.05 and sched.requests:
+            sched.abort(rng.choice(sorted(sched.requests)))
+        sched.update(out, run_live(runner, out))
+        if rng.random() < 0.05 and sched.running:
+            sched.finish(rng.choice(sched.running), "stop", "</s>")
+        sched.check_integrity()
+    drive(sched)
+    assert sched.bm.num_free_blocks == sched.bm.num_blocks and sched.num_preemptions > 0
+    assert sched.stats()["prefix_hits"] > 0
+
+
+def run_live(runner, out):
+    # An abort between schedule() and update() leaves a freed sequence in the output; the runner already ran it.
+    out.scheduled, everything = [x for x in out.scheduled if not x.seq.is_finished], out.scheduled
+    try:
+        return runner.run(out)
+    finally:
+        out.scheduled = everything
