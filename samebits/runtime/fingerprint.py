@@ -139,6 +139,9 @@ def diff_fingerprints(locked: dict, current: dict) -> list[tuple[str, object, ob
 
 
 def verify_lock(path: str | os.PathLike = "samebits.lock", mode: str | None = None) -> list[tuple[str, object, object]]:
-    """Fields that drifted since the lock was written: (field, locked, now). Empty means no drift."""
+    """Fields that drifted since the lock was written: (field, locked, now). Empty means no drift.
+    ValueError when the file is not a lock (not JSON, or not a JSON object)."""
     locked = json.loads(Path(path).read_text())
+    if not isinstance(locked, dict):
+        raise ValueError(f"expected a JSON object, found {type(locked).__name__}")
     return diff_fingerprints(locked, fingerprint(mode or locked.get("mode", "deterministic")))

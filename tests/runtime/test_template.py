@@ -1,0 +1,90 @@
+"""deterministic_runtime(): applies the template, restores what it found, nests, survives exceptions, refuses too late."""
+import os
+
+import pytest
+import torch
+
+from samebits.runtime import TEMPLATE_ENV, RuntimeTemplateError, deterministic_runtime, flag_problems
+from samebits.runtime.template import DETERMINISTIC_FLAGS, _torch_flags
+
+
+@pytest.fixture
+def stock(monkeypatch):
+    """A process off-template in every flag and variable the template touches, restored afterwards."""
+    for key in TEMPLATE_ENV:
+        monkeypatch.delenv(key, raising=False)
+    before = _torch_flags(torch)
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
+    torch.set_float32_matmul_precision("high")
+    off = _torch_flags(torch)
+    yield off
+    from samebits.runtime.template import _set_torch_flags
+
+    _set_torch_flags(torch, before)
+
+
+def test_flags_and_env_applied_inside(stock):
+    with deterministic_runtime():
+        assert flag_problems() == []
+        assert _torch_flags(torch) == DETERMINISTIC_FLAGS
+        assert {k: os.environ.get(k) for k in TEMPLATE_ENV} == TEMPLATE_ENV
+
+
+def test_restored_on_exit(stock):
+    with deterministic_runtime():
+        pass
+    assert _torch_flags(torch) == stock
+    assert all(k not in os.environ for k in TEMPLATE_ENV)
+
+
+def test_restored_after_exception(stock):
+    with pytest.raises(KeyError):
+        with deterministic_runtime():
+            raise KeyError("boom")
+    assert _torch_flags(torch) == stock
+    assert all(k not in os.environ for k in TEMPLATE_ENV)
+
+
+def test_nesting_restores_each_level(stock):
+    with deterministic_runtime():
+        with deterministic_runtime():
+            assert _torch_flags(torch) == DETERMINISTIC_FLAGS
+        assert _torch_flags(torch) == DETERMINISTIC_FLAGS
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == TEMPLATE_ENV["CUBLAS_WORKSPACE_CONFIG"]
+    assert _torch_flags(torch) == stock
+
+
+def test_preexisting_env_value_is_put_back(stock, monkeypatch):
+    monkeypatch.setenv("NCCL_ALGO", "Tree")
+    with deterministic_runtime():
+        assert os.environ["NCCL_ALGO"] == "Ring"
+    assert os.environ["NCCL_ALGO"] == "Tree"
+
+
+def test_too_late_raises_with_the_fix(stock, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(RuntimeTemplateError) as err:
+        with deterministic_runtime():
+            pytest.fail("entered although cuBLAS had already started without the workspace config")
+    msg = str(err.value)
+    assert "CUBLAS_WORKSPACE_CONFIG" in msg and "<unset>" in msg
+    assert "samebits env --shell" in msg and "before" in msg
+    assert _torch_flags(torch) == stock, "a refused template must leave the process untouched"
+
+
+def test_too_late_names_a_wrong_value(stock, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
+    with pytest.raises(RuntimeTemplateError, match=":0:0"):
+        with deterministic_runtime():
+            pass
+
+
+@pytest.mark.parametrize("value", [":4096:8", ":16:8"])
+def test_cuda_already_up_is_fine_when_workspace_was_set(stock, monkeypatch, value):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", value)
+    with deterministic_runtime():
+        assert flag_problems() == []
