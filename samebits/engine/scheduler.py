@@ -224,11 +224,12 @@ class Scheduler:
             raise RuntimeError("schedule() called twice without update()")
         preempted: list[Sequence] = []
         if self.policy == "dynamic":
-            scheduled, pad_rows = self._schedule_dynamic(preempted), 0
+            scheduled = self._schedule_dynamic(preempted)
+            kind, pad_rows = _step_kind(scheduled), 0
         else:
-            scheduled, pad_rows = self._schedule_bucketed(preempted)
-        out = SchedulerOutput(scheduled, preempted, _step_kind(scheduled), len(scheduled) + pad_rows,
-                              len(self.running), len(self.waiting))
+            scheduled, kind, pad_rows = self._schedule_bucketed(preempted)
+        out = SchedulerOutput(scheduled, preempted, kind, len(scheduled) + pad_rows, len(self.running),
+                              len(self.waiting))
         self._last_kind = out.kind
         self._pending = out
         self.num_steps += 1
@@ -301,19 +302,21 @@ class Scheduler:
         return ScheduledSeq(seq, n, start + n == seq.num_tokens, start, pad_to or n)
 
     # ---- bucketed policy -----------------------------------------------------------------------------------
-    def _schedule_bucketed(self, preempted: list[Sequence]) -> tuple[list[ScheduledSeq], int]:
+    def _schedule_bucketed(self, preempted: list[Sequence]) -> tuple[list[ScheduledSeq], str, int]:
+        """(scheduled, kind, padding rows). The kind is the step's shape family, so a 1-token prompt admitted in a
+        prefill step is still a padded prefill."""
         has_decode = any(s.num_uncomputed == 1 for s in self.running)
         decode_first = has_decode and self._last_kind == "prefill"  # alternate so neither kind starves
         for kind in (("decode", "prefill") if decode_first else ("prefill", "decode")):
             if kind == "prefill":
                 item = self._bucketed_prefill(preempted)
                 if item is not None:
-                    return [item], 0
+                    return [item], kind, 0
             else:
                 scheduled = self._bucketed_decode(preempted)
                 if scheduled:
-                    return scheduled, bucket_for(len(scheduled), self.batch_buckets) - len(scheduled)
-        return [], 0
+                    return scheduled, kind, bucket_for(len(scheduled), self.batch_buckets) - len(scheduled)
+        return [], "empty", 0
 
     def _bucketed_prefill(self, preempted: list[Sequence]) -> ScheduledSeq | None:
         longest = self.length_buckets[-1]

@@ -1,5 +1,8 @@
 import hashlib
+import itertools
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -208,9 +211,9 @@ def test_preemption_by_recompute_and_recovery():
 
 def test_preemption_victim_is_latest_arrival_and_goes_to_front():
     sched = make(num_blocks=4, block_size=4, max_model_len=16)
-    (a,) = add(sched, "a", [1] * 4, max_tokens=10, ignore_eos=True)
+    (_a,) = add(sched, "a", [1] * 4, max_tokens=10, ignore_eos=True)
     (b,) = add(sched, "b", [2] * 4, max_tokens=10, ignore_eos=True)
-    (c,) = add(sched, "c", [3] * 9, max_tokens=10, ignore_eos=True)
+    (_c,) = add(sched, "c", [3] * 9, max_tokens=10, ignore_eos=True)
     runner = FakeRunner(sched)
     preempted = []
     while not preempted:
@@ -229,29 +232,31 @@ def test_outputs_are_a_function_of_the_request_alone():
     reqs = []
     for i in range(24):
         prompt = shared[: rng.randrange(0, 24)] + [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 30))]
-        reqs.append((f"r{i}", prompt, dict(max_tokens=rng.randrange(1, 20), n=rng.choice([1, 1, 2]))))
+        reqs.append((f"r{i}", prompt, {"max_tokens": rng.randrange(1, 20), "n": rng.choice([1, 1, 2])}))
     configs = [
-        dict(num_blocks=400, max_num_batched_tokens=2048),
-        dict(num_blocks=400, max_num_batched_tokens=7),
-        dict(num_blocks=24, max_num_batched_tokens=64),
-        dict(num_blocks=400, max_num_seqs=1),
-        dict(num_blocks=400, caching=False),
-        dict(num_blocks=30, policy="bucketed", max_num_seqs=16, max_num_batched_tokens=64),
+        {"num_blocks": 400, "max_num_batched_tokens": 2048},
+        {"num_blocks": 400, "max_num_batched_tokens": 7},
+        {"num_blocks": 24, "max_num_batched_tokens": 64},
+        {"num_blocks": 400, "max_num_seqs": 1},
+        {"num_blocks": 400, "caching": False},
+        {"num_blocks": 30, "policy": "bucketed", "max_num_seqs": 16, "max_num_batched_tokens": 64},
     ]
-    outcomes = []
+    outcomes, preemptions = [], []
     for cfg in configs:
         sched = make(block_size=4, max_model_len=96, **cfg)
         seqs = [s for rid, p, kw in reqs for s in add(sched, rid, p, **kw)]
         drive(sched)
         outcomes.append(results(seqs))
+        preemptions.append(sched.num_preemptions)
     assert all(o == outcomes[0] for o in outcomes[1:])
+    assert preemptions[0] == 0 and preemptions[2] > 0 and preemptions[5] > 0, preemptions
 
 
 def test_bucketed_shapes():
     sched = make(num_blocks=200, max_model_len=128, policy="bucketed", max_num_seqs=32, max_num_batched_tokens=64)
     assert sched.length_buckets == (16, 32, 64) and sched.batch_buckets == (8, 16, 32)
     for i in range(11):
-        add(sched, f"r{i}", [1 + i] * (3 + 9 * i), max_tokens=4, ignore_eos=True)
+        add(sched, f"r{i}", [1 + i] * (1 + 9 * i), max_tokens=4, ignore_eos=True)  # r0: a 1-token prompt
     kinds = []
 
     def check(step, out):
@@ -264,7 +269,7 @@ def test_bucketed_shapes():
             assert all(x.pad_to == 1 for x in out.scheduled)
     drive(sched, on_step=check)
     assert "decode" in kinds and "prefill" in kinds and "mixed" not in kinds
-    assert any(a == "prefill" and b == "decode" for a, b in zip(kinds, kinds[1:])), "kinds alternate"
+    assert any(a == "prefill" and b == "decode" for a, b in itertools.pairwise(kinds)), "kinds alternate"
 
 
 def test_validation_errors():
@@ -337,3 +342,9 @@ def run_live(runner, out):
         return runner.run(out)
     finally:
         out.scheduled = everything
+
+
+def test_core_is_torch_free():
+    code = ("import sys, samebits.engine.scheduler, samebits.engine.config, samebits.engine.outputs; "
+            "from samebits.engine import Scheduler, SamplingParams; assert 'torch' not in sys.modules")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, check=False).returncode == 0
