@@ -29,26 +29,33 @@ def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(high, low) 32-bit halves of a * m for a in [0, 2^32) and a 32-bit constant m, without int64 overflow.
 
     The full product needs 64 unsigned bits, beyond signed int64; splitting m into 16-bit halves keeps every partial
-    product below 2^48.
+    product below 2^48. In-place steps only touch fresh temporaries (the caller's `a` is never written).
     """
     p_lo = a * (m & 0xFFFF)
     p_hi = a * (m >> 16)
-    low_sum = p_lo + ((p_hi & 0xFFFF) << 16)
-    hi = ((p_hi >> 16) + (low_sum >> 32)) & MASK32
-    return hi, low_sum & MASK32
+    low = torch.bitwise_and(p_hi, 0xFFFF).bitwise_left_shift_(16).add_(p_lo)  # < 2^49
+    hi = p_hi.bitwise_right_shift_(16).add_(low >> 32)  # < 2^32: the product is below 2^64
+    return hi, low.bitwise_and_(MASK32)
+
+
+def _xor3(fresh: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """fresh ^ a ^ b, in place when `fresh` (a temporary) already has the broadcast shape."""
+    if fresh.shape == torch.broadcast_shapes(fresh.shape, a.shape, b.shape):
+        return fresh.bitwise_xor_(a).bitwise_xor_(b)
+    return fresh ^ a ^ b
 
 
 def philox4x32_10(c0, c1, c2, c3, k0, k1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Philox-4x32-10 on int64 tensors holding 32-bit values; all arguments broadcast together."""
-    k0 = torch.as_tensor(k0, dtype=torch.int64)
-    k1 = torch.as_tensor(k1, dtype=torch.int64)
+    k0 = torch.as_tensor(k0, dtype=torch.int64, device=c0.device)
+    k1 = torch.as_tensor(k1, dtype=torch.int64, device=c0.device)
     for r in range(PHILOX_ROUNDS):
         if r:
             k0 = (k0 + PHILOX_W0) & MASK32
             k1 = (k1 + PHILOX_W1) & MASK32
         hi0, lo0 = _mulhilo(c0, PHILOX_M0)
         hi1, lo1 = _mulhilo(c2, PHILOX_M1)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        c0, c1, c2, c3 = _xor3(hi1, c1, k0), lo1, _xor3(hi0, c3, k1), lo0
     return c0, c1, c2, c3
 
 
