@@ -202,6 +202,7 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
         """End a sequence ("stop" | "length" | "abort"); the detokenizer calls this for stop strings."""
         if seq.is_finished:
+            self._restate(seq, reason, stop_reason)
             return
         queue = self.running if seq.status is SequenceStatus.RUNNING else self.waiting
         queue.remove(seq)
@@ -209,6 +210,13 @@ class Scheduler:
         seq.status = FINISH_STATUS[reason]
         seq.finish_reason, seq.stop_reason = reason, stop_reason
         self._forget_if_done(seq.request_id)
+
+    @staticmethod
+    def _restate(seq: Sequence, reason: str, stop_reason: str | int | None) -> None:
+        # The token that hit max_tokens may also complete a stop string; like vLLM, report the stop.
+        if seq.finish_reason == "length" and reason == "stop":
+            seq.status = FINISH_STATUS[reason]
+            seq.finish_reason, seq.stop_reason = reason, stop_reason
 
     def _forget_if_done(self, request_id: str) -> None:
         if all(s.is_finished for s in self.requests[request_id]):

@@ -169,6 +169,17 @@ def test_finish_hook_for_stop_strings_frees_blocks():
     sched.check_integrity()
 
 
+def test_stop_string_on_the_last_allowed_token_reports_stop():
+    sched = make()
+    (seq,) = add(sched, "a", [1, 2, 3], max_tokens=1, ignore_eos=True)
+    drive(sched)
+    assert seq.finish_reason == "length"
+    sched.finish(seq, "stop", "###")
+    assert (seq.finish_reason, seq.stop_reason, seq.status) == ("stop", "###", SequenceStatus.FINISHED_STOPPED)
+    sched.finish(seq, "abort")
+    assert seq.finish_reason == "stop", "a finished sequence is never re-finished otherwise"
+
+
 def test_abort_frees_blocks_at_once_even_mid_step():
     sched = make()
     (a,) = add(sched, "a", list(range(1, 20)), max_tokens=10)
