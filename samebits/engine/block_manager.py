@@ -67,6 +67,8 @@ class BlockManager:
         self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[bytes, int] = {}
         self.seqs: dict[int, Sequence] = {}  # holders of blocks, for integrity checks
+        # Per holder: how many leading blocks cache_computed_blocks has already offered, so a step costs O(new).
+        self.num_registered: dict[int, int] = {}
         self.stats = PrefixStats()
 
     # ---- queries -------------------------------------------------------------------------------------------
@@ -83,21 +85,22 @@ class BlockManager:
         return self.num_blocks * self.block_size
 
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
-        """Hashes of seq's first num_blocks full blocks, memoised on the sequence."""
+        """seq's memoised chained block hashes, extended to at least num_blocks full blocks (may hold more)."""
         bs, hashes = self.block_size, seq.block_hashes
         while len(hashes) < num_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else ROOT_HASH
             hashes.append(hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs]))
-        return hashes[:num_blocks]
+        return hashes
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids of the longest cached prefix of seq, always leaving >= 1 token to compute so logits exist."""
         if not self.enable_prefix_caching:
             return []
-        hits = []
-        for h in self.block_hashes(seq, (seq.num_tokens - 1) // self.block_size):
-            block_id = self.cached.get(h)
+        num_full = (seq.num_tokens - 1) // self.block_size
+        hashes, hits = self.block_hashes(seq, num_full), []
+        for i in range(num_full):
+            block_id = self.cached.get(hashes[i])
             if block_id is None:
                 break
             hits.append(block_id)
@@ -133,6 +136,7 @@ class BlockManager:
         self._count_query(seq, hit_tokens)
         seq.num_computed_tokens = hit_tokens
         self.seqs[seq.seq_id] = seq
+        self.num_registered[seq.seq_id] = len(hits)
         self.append_slots(seq, seq.num_tokens - hit_tokens if num_new_tokens is None else num_new_tokens)
         return hit_tokens
 
@@ -191,17 +195,20 @@ class BlockManager:
             self._release(block_id)
         seq.block_table = []
         self.seqs.pop(seq.seq_id, None)
+        self.num_registered.pop(seq.seq_id, None)
 
     # ---- caching computed blocks ---------------------------------------------------------------------------
     def cache_computed_blocks(self, seq: Sequence) -> int:
         """Register seq's full, computed blocks; call after num_computed_tokens advances. Returns how many were new."""
         if not self.enable_prefix_caching:
             return 0
+        done = self.num_registered.get(seq.seq_id, 0)
         full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
-        added = 0
-        for i, h in enumerate(self.block_hashes(seq, full)):
-            added += self._register(seq.block_table[i], h)
-        return added
+        if full <= done:  # the common decode step: no block filled up, O(1)
+            return 0
+        hashes = self.block_hashes(seq, full)
+        self.num_registered[seq.seq_id] = full
+        return sum(self._register(seq.block_table[i], hashes[i]) for i in range(done, full))
 
     def _register(self, block_id: int, h: bytes) -> int:
         block = self.blocks[block_id]
@@ -233,6 +240,7 @@ class BlockManager:
             if block.hash is not None:
                 _check(self.cached.get(block.hash) == block.block_id, f"block {block.block_id} hash map")
         _check(len(self.cached) == sum(b.hash is not None for b in self.blocks), "stale hash map entries")
+        _check(set(self.num_registered) <= set(self.seqs), "registration cursor of a sequence holding no blocks")
         for seq in self.seqs.values():
             self._check_seq_hashes(seq)
 

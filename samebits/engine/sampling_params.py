@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 MAX_LOGPROBS = 20
 SEED_LIMIT = 2**63  # seeds travel through int64 tensors and JSON, so they must fit a signed 64-bit int
@@ -71,12 +72,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    @property
+    @cached_property  # read every step by the scheduler; cached_property works on frozen dataclasses
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
-    @property
+    @cached_property
     def stop_token_set(self) -> frozenset[int]:
         return frozenset(self.stop_token_ids or ())

@@ -19,10 +19,10 @@ class SequenceStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in _FINISHED
+        return self is not _WAITING and self is not _RUNNING  # identity: checked per sequence per step
 
 
-_FINISHED = {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH, SequenceStatus.FINISHED_ABORTED}
+_WAITING, _RUNNING = SequenceStatus.WAITING, SequenceStatus.RUNNING
 FINISH_STATUS = {
     "stop": SequenceStatus.FINISHED_STOPPED,
     "length": SequenceStatus.FINISHED_LENGTH,
@@ -87,7 +87,8 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.finished
+        status = self.status
+        return status is not _WAITING and status is not _RUNNING
 
     @property
     def in_prefill(self) -> bool:
