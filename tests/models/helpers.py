@@ -96,7 +96,13 @@ def _causal(q, k, v, ctx, scale):
     return torch.einsum("hts,shd->thd", scores.softmax(-1), v).to(q.dtype)
 
 
+# Flipped to True once samebits.kernels (get_ops, AttentionMetadata) is committed.
+USE_REAL_KERNELS = False
+
+
 def real_kernels_available() -> bool:
+    if not USE_REAL_KERNELS:
+        return False
     try:
         from samebits.kernels import get_ops  # noqa: F401
         from samebits.kernels.attention import AttentionMetadata  # noqa: F401
@@ -121,30 +127,45 @@ def _meta_cls():
     return FakeMeta
 
 
+def _fresh_caches(model, num_tokens: int, num_seqs: int = 1):
+    cfg = model.config
+    blocks = num_seqs * math.ceil(num_tokens / BLOCK_SIZE)
+    shape = (blocks, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim)
+    return [(torch.zeros(shape, dtype=model.dtype, device=model.device),
+             torch.zeros(shape, dtype=model.dtype, device=model.device)) for _ in range(cfg.num_layers)]
+
+
+def _step(model, caches, table, ids: list[list[int]], starts: list[int], last_only=False):
+    """One flattened step: sequence b gets ids[b] at positions starts[b]..; returns fp32 logits."""
+    device = model.device
+    query = [len(x) for x in ids]
+    context = [s + q for s, q in zip(starts, query)]
+    meta = _meta_cls().build(query, context, table, BLOCK_SIZE, device)
+    flat = torch.tensor([t for x in ids for t in x], dtype=torch.long, device=device)
+    pos = torch.tensor([s + i for s, q in zip(starts, query) for i in range(q)], dtype=torch.long, device=device)
+    hidden = model(flat, pos, caches, meta)
+    if last_only:
+        hidden = hidden[torch.tensor(query).cumsum(0).to(device) - 1]
+    return model.compute_logits(hidden)
+
+
 def prefill_logits(model, prompts: list[list[int]]) -> list[torch.Tensor]:
     """All prompts in one flattened step over a fresh cache; returns each prompt's [len, V] fp32 logits."""
-    cfg, device = model.config, model.device
-    lens = [len(p) for p in prompts]
-    blocks = [math.ceil(n / BLOCK_SIZE) for n in lens]
-    width = max(blocks)
-    starts = torch.tensor([0, *blocks]).cumsum(0).tolist()
-    tables = [[starts[b] + j if j < blocks[b] else 0 for j in range(width)] for b in range(len(prompts))]
-    caches = [(torch.zeros(sum(blocks), BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype, device=device),
-               torch.zeros(sum(blocks), BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype, device=device))
-              for _ in range(cfg.num_layers)]
-    meta = _meta_cls().build(lens, lens, tables, BLOCK_SIZE, device)
-    ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=device)
-    pos = torch.tensor([i for n in lens for i in range(n)], dtype=torch.long, device=device)
-    logits = model.compute_logits(model(ids, pos, caches, meta))
-    return list(logits.split(lens))
+    per_seq = math.ceil(max(len(p) for p in prompts) / BLOCK_SIZE)
+    caches = _fresh_caches(model, per_seq * BLOCK_SIZE, len(prompts))
+    table = [[b * per_seq + j for j in range(per_seq)] for b in range(len(prompts))]
+    logits = _step(model, caches, table, prompts, [0] * len(prompts))
+    return list(logits.split([len(p) for p in prompts]))
 
 
 def greedy(model, prompt: list[int], max_new: int, eos: set[int]) -> list[int]:
-    """Full recompute each step: simplest correct loop, fine for a few dozen tokens of a 135M model."""
-    out = list(prompt)
-    for _ in range(max_new):
-        nxt = int(prefill_logits(model, [out])[0][-1].argmax())
+    """Prefill, then one token per step over the same paged cache."""
+    total = len(prompt) + max_new
+    caches = _fresh_caches(model, total)
+    table = [list(range(math.ceil(total / BLOCK_SIZE)))]
+    nxt = int(_step(model, caches, table, [prompt], [0], last_only=True)[0].argmax())
+    out = [nxt]
+    while len(out) < max_new and nxt not in eos:
+        nxt = int(_step(model, caches, table, [[nxt]], [len(prompt) + len(out) - 1], last_only=True)[0].argmax())
         out.append(nxt)
-        if nxt in eos:
-            break
-    return out[len(prompt):]
+    return out

@@ -1,0 +1,209 @@
+"""A GGUF file: config from metadata, tensors dequantized to the model dtype, tokenizer and chat template from metadata.
+
+Weights are renamed to HF names so one loader path (`LlamaModel.load_weights`) checks them all. llama.cpp's converter
+permutes the Q/K rows of `llama`-architecture models (its RoPE pairs adjacent dims, HF's pairs the two halves);
+that permutation is undone here. Qwen2/Qwen3 files are written unpermuted.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader
+from gguf.quants import dequantize
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import Tokenizer as _Backend
+
+from samebits.models.config import ModelConfig, UnsupportedModelError
+from samebits.models.llama import LlamaModel
+from samebits.models.tokenizer import Tokenizer
+
+SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1)
+_TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+              "output.weight": "lm_head.weight"}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias", "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight", "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
+# Arrays read element by element are slow; only these are needed whole.
+_ARRAY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
+CONTROL, USER_DEFINED = 3, 4
+
+# Pre-tokenizer splits by `tokenizer.ggml.pre`, as transformers' GGUF conversion maps them. The gpt2 default (the
+# ByteLevel regex) serves the rest of the names listed.
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                r"|\s+(?!\S)|\s+")
+_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
+           "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
+_BYTE_LEVEL_DEFAULT = ("default", "gpt2", "smollm")
+
+
+def load_gguf(path: Path, ops, dtype: torch.dtype) -> tuple[LlamaModel, Tokenizer, ModelConfig]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no GGUF file at {path}")
+    reader = GGUFReader(str(path))
+    meta = read_metadata(reader)
+    config = gguf_config(reader, meta)
+    tokenizer = gguf_tokenizer(meta)
+    model = LlamaModel(config, ops, dtype)
+    model.load_weights(iter_tensors(reader, config))
+    return model, tokenizer, config
+
+
+def read_metadata(reader: GGUFReader) -> dict:
+    """Scalars and strings, plus the few whole arrays the tokenizer needs."""
+    meta = {}
+    for key, field in reader.fields.items():
+        if len(field.data) <= 1 or key in _ARRAY_KEYS:
+            meta[key] = field.contents()
+    return meta
+
+
+def gguf_config(reader: GGUFReader, meta: dict) -> ModelConfig:
+    names = {t.name: t for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise UnsupportedModelError("unsupported GGUF feature: rope_freqs tensor (Llama-3.1 rope scaling); "
+                                    "load the HF safetensors folder instead")
+    if "token_embd.weight" not in names:
+        raise ValueError("GGUF file has no token_embd.weight tensor")
+    vocab = int(names["token_embd.weight"].shape[-1])
+    return ModelConfig.from_gguf(meta, vocab_size=vocab, tied="output.weight" not in names)
+
+
+def iter_tensors(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        values = dequantize_tensor(tensor)
+        if config.architecture == "llama":
+            values = unpermute_qk(name, values, config)
+        yield name, values
+
+
+def hf_name(name: str) -> str:
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name]
+    match = _BLOCK.fullmatch(name)
+    if not match or match.group(2) not in _LAYER_NAMES:
+        return name  # left as is: load_weights reports it as unexpected, by its GGUF name
+    return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+
+
+def dequantize_tensor(tensor) -> torch.Tensor:
+    """Float32 values in HF layout ([rows, cols]; GGUF lists dims innermost first)."""
+    if tensor.tensor_type not in SUPPORTED_TYPES:
+        raise UnsupportedModelError(f"tensor {tensor.name} uses GGUF type {tensor.tensor_type.name}, which is not "
+                                    f"supported; supported: {[t.name for t in SUPPORTED_TYPES]}")
+    values = dequantize(np.asarray(tensor.data), tensor.tensor_type).astype(np.float32, copy=False)
+    if not values.flags.writeable:  # F32 comes back as a view of the read-only memory map
+        values = values.copy()
+    shape = tuple(int(d) for d in reversed(tensor.shape))
+    return torch.from_numpy(values.reshape(shape))
+
+
+def unpermute_qk(name: str, values: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """Inverse of llama.cpp's `permute`: per head, rows were interleaved (pairs); put the two halves back."""
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        heads = config.num_heads
+    elif name.endswith(("k_proj.weight", "k_proj.bias")):
+        heads = config.num_kv_heads
+    else:
+        return values
+    rows = values.shape[0]
+    split = values.reshape(heads, rows // heads // 2, 2, *values.shape[1:])
+    return split.transpose(1, 2).reshape(values.shape)
+
+
+# ---- tokenizer ---------------------------------------------------------------------------------------------------
+
+
+def gguf_tokenizer(meta: dict) -> Tokenizer:
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise UnsupportedModelError(f"unsupported GGUF tokenizer model {kind!r}; only 'gpt2' (byte-level BPE) is "
+                                    "implemented; load the HF folder (tokenizer.json) instead")
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    backend = byte_level_bpe(tokens, list(meta["tokenizer.ggml.merges"]), meta)
+    _add_marked_tokens(backend, tokens, list(meta.get("tokenizer.ggml.token_type") or []))
+    specials = _special_tokens(meta, tokens)
+    if meta.get("tokenizer.ggml.add_bos_token") and specials.get("bos_token"):
+        backend.post_processor = _bos_processor(specials["bos_token"], tokens.index(specials["bos_token"]))
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    return Tokenizer(backend, specials, meta.get("tokenizer.chat_template"), () if eos is None else (int(eos),))
+
+
+def byte_level_bpe(tokens: list[str], merges: list[str], meta: dict) -> _Backend:
+    """As transformers' GGUF conversion: GPT-2 BPE, ByteLevel pre-tokenizer (or the file's split) and decoder."""
+    spelling = _bytes_to_unicode()
+    alphabet = set(spelling.values())
+    vocab = {_respell(t, alphabet, spelling): i for i, t in enumerate(tokens)}
+    bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges], dropout=None,
+                     continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
+    backend = _Backend(bpe)
+    backend.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"),
+                                           bool(meta.get("tokenizer.ggml.add_space_prefix", False)))
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def _respell(token: str, alphabet: set[str], spelling: dict[int, str]) -> str:
+    # A token written in raw text rather than the byte alphabet is re-spelled byte by byte.
+    return token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8"))
+
+
+def _pre_tokenizer(pre: str, add_prefix_space: bool):
+    if pre in _SPLITS:
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated"),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if pre not in _BYTE_LEVEL_DEFAULT:
+        raise UnsupportedModelError(f"unsupported GGUF pre-tokenizer {pre!r}; supported: "
+                                    f"{sorted([*_SPLITS, *_BYTE_LEVEL_DEFAULT])}")
+    return pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+
+
+def _add_marked_tokens(backend: _Backend, tokens: list[str], types: list[int]) -> None:
+    """Control tokens become special (never split, skipped on decode); user-defined ones plain added tokens."""
+    alphabet = set(_bytes_to_unicode().values())
+    # A control token outside the byte alphabet is a llama.cpp mislabel; transformers skips it, so do we.
+    control = [t for t, k in zip(tokens, types) if k == CONTROL and set(t) <= alphabet]
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
+    user = [t for t, k in zip(tokens, types) if k == USER_DEFINED]
+    backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
+
+
+def _special_tokens(meta: dict, tokens: list[str]) -> dict[str, str]:
+    keys = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
+            "pad_token": "padding_token_id"}
+    found = {name: meta.get(f"tokenizer.ggml.{key}") for name, key in keys.items()}
+    return {name: tokens[i] for name, i in found.items() if i is not None and 0 <= i < len(tokens)}
+
+
+def _bos_processor(bos: str, bos_id: int):
+    return processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                                         special_tokens=[(bos, bos_id)])
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (the byte-level BPE alphabet)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
