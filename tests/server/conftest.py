@@ -63,14 +63,25 @@ def start_server(engine, **overrides) -> LiveServer:
     return LiveServer(url, app, async_engine, config, server, thread)
 
 
-def make_engine():
-    """The one place that decides which engine the shared server runs."""
-    return FakeLLMEngine(max_model_len=256, max_num_seqs=64)
+def make_engine(model_dir):
+    """The one place that decides which engine the shared server runs: the real one on a tiny random model."""
+    from samebits.engine.config import EngineConfig
+    from samebits.engine.llm_engine import LLMEngine
+
+    return LLMEngine(EngineConfig(model=str(model_dir), mode="deterministic", device="cpu", max_num_seqs=128,
+                                  max_model_len=256))
 
 
 @pytest.fixture(scope="session")
-def server():
-    live = start_server(make_engine(), max_n=16)
+def tiny_model_dir(tmp_path_factory):
+    from samebits.models.testing import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"), variant="llama3", seed=0)
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dir):
+    live = start_server(make_engine(tiny_model_dir), max_n=16)
     yield live
     live.stop()
 
