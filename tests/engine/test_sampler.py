@@ -21,7 +21,7 @@ class TorchOps:
 
 
 OPS = TorchOps()
-VOCAB = 1536
+VOCAB = 640
 OFF = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}
 PARAM_MENU = [
     dict(OFF, temperature=0.0),
@@ -198,6 +198,15 @@ def test_filters_match_the_reference():
     want = torch.stack([ref_keep(x, **p) for x, p in zip(rows, params)])
     assert_same_bits(torch.isfinite(got), want, "kept tokens")
     assert_same_bits(got[want], scaled[want], "kept logits untouched")
+
+
+def test_ties_at_a_cut_are_all_kept_and_oversized_top_k_is_off():
+    scaled = torch.tensor([[3.0, 1.0, 2.0, 2.0, 0.0]])
+    tied = [[True, False, True, True, False]]
+    assert torch.isfinite(S.filter_logits(scaled, [2], [1.0], [0.0], OPS)).tolist() == tied
+    assert torch.isfinite(S.filter_logits(scaled, [-1], [0.6], [0.0], OPS)).tolist() == tied
+    assert torch.isfinite(S.filter_logits(scaled, [5], [1.0], [0.0], OPS)).all()
+    assert torch.isfinite(S.filter_logits(scaled, [9], [1.0], [0.0], OPS)).all()
 
 
 @pytest.mark.parametrize("params", [dict(OFF, temperature=0.9),
