@@ -124,21 +124,26 @@ class BlockManager:
 
     def allocate(self, seq: Sequence, num_new_tokens: int | None = None) -> int:
         """Map seq's cached prefix and room for num_new_tokens more; returns the prefix-hit length in tokens."""
-        if seq.block_table or seq.seq_id in self.seqs:
-            raise RuntimeError(f"{seq!r} already holds blocks")
-        if not self.can_allocate(seq, num_new_tokens):
-            raise RuntimeError(f"not enough free KV blocks for {seq!r}; call can_allocate first")
+        self._check_allocate(seq, num_new_tokens)
         hits = self.cached_prefix(seq)
         for block_id in hits:
             self._take(block_id)
         seq.block_table = list(hits)
-        hit_tokens = len(hits) * self.block_size
+        seq.num_computed_tokens = hit_tokens = len(hits) * self.block_size
         self._count_query(seq, hit_tokens)
-        seq.num_computed_tokens = hit_tokens
         self.seqs[seq.seq_id] = seq
         self.num_registered[seq.seq_id] = len(hits)
         self.append_slots(seq, seq.num_tokens - hit_tokens if num_new_tokens is None else num_new_tokens)
         return hit_tokens
+
+    def _check_allocate(self, seq: Sequence, num_new_tokens: int | None) -> None:
+        if seq.block_table or seq.seq_id in self.seqs:
+            raise RuntimeError(f"{seq!r} already holds blocks")
+        room = seq.num_tokens - self.num_cached_prefix_tokens(seq)
+        if num_new_tokens is not None and not 0 <= num_new_tokens <= room:
+            raise ValueError(f"num_new_tokens={num_new_tokens} outside [0, {room}] for {seq!r}")
+        if not self.can_allocate(seq, num_new_tokens):
+            raise RuntimeError(f"not enough free KV blocks for {seq!r}; call can_allocate first")
 
     def _count_query(self, seq: Sequence, hit_tokens: int) -> None:
         if self.enable_prefix_caching:

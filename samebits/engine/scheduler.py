@@ -7,6 +7,8 @@ kernels make each row's bits independent of its neighbours, and the sampler keys
 Policies:
 - "dynamic": vLLM-v1 style unified step. Running sequences first (oldest first), one chunk each: a decode is 1 token,
   a prefill (or a recompute after preemption) takes what the budget leaves; then waiting sequences are admitted FCFS.
+  Decodes come before prefills without a separate pass: a newcomer is only admitted with budget to spare, so every
+  running prefill is younger than every running decode (the soak test checks this).
 - "bucketed": the fixed-shape serving of the seed's sections 6.1-6.2, without invariant kernels. A step is either
   a *prefill* step of ONE sequence whose chunk is padded up to a length bucket (16, 32, 64, ... <= budget), or a
   *decode* step of 1 token per sequence whose row count is padded up to a batch bucket (8, 16, 32, ..., max_num_seqs).

@@ -214,3 +214,9 @@ def test_random_soak_keeps_integrity():
             bm.free(live.pop(rng.randrange(len(live))))
         bm.check_integrity()
     assert bm.stats.hits > 0 and bm.stats.evictions > 0
+
+
+def test_allocate_rejects_more_tokens_than_the_sequence_has():
+    bm = BlockManager(8, BS)
+    with pytest.raises(ValueError, match="outside"):
+        bm.allocate(seq([1, 2, 3]), 4)

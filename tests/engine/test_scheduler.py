@@ -332,9 +332,12 @@ def test_random_soak_with_aborts_and_finishes(policy):
             prompt = shared[: rng.randrange(0, 20)] + [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 25))]
             add(sched, f"q{next_id}", prompt, max_tokens=rng.randrange(1, 30), n=rng.choice([1, 1, 2]))
             next_id += 1
+        was_running = {id(s) for s in sched.running}
         out = sched.schedule()
         sched.check_integrity()
         check_shape(sched, out)
+        if policy == "dynamic":
+            check_decodes_first(out, was_running)
         if rng.random() < 0.05 and sched.requests:
             sched.abort(rng.choice(sorted(sched.requests)))
         sched.update(out, run_live(runner, out))
@@ -344,6 +347,13 @@ def test_random_soak_with_aborts_and_finishes(policy):
     drive(sched)
     assert sched.bm.num_free_blocks == sched.bm.num_blocks and sched.num_preemptions > 0
     assert sched.stats()["prefix_hits"] > 0
+
+
+def check_decodes_first(out, was_running):
+    # FCFS admission + latest-arrival victims imply every running prefill is younger than every running decode,
+    # so arrival order already schedules decodes first; this checks that claim.
+    kinds = [x.is_decode for x in out.scheduled if id(x.seq) in was_running]
+    assert kinds == sorted(kinds, reverse=True), kinds
 
 
 def run_live(runner, out):
