@@ -1,0 +1,288 @@
+"""Causal attention of new query tokens over a paged KV cache, batch-invariant in deterministic mode.
+
+One function covers full prefill, chunked prefill, prefix-cache hits and decode: sequence b has `context_lens[b]` tokens
+in the cache (its new ones already written), the last `query_len` of them are queries.
+
+Why the bits of a query row cannot depend on the batch:
+- keys are folded in fixed KV tiles (`attention.kv_tile`) gathered through the block table, in key order, so neither
+  the page size nor the other sequences change the order;
+- tiles are grouped into fixed splits of `attention.split_kv` tokens; each split starts a fresh online softmax and is
+  folded into the running result in split order 0..n-1 with one formula, whether splits ran sequentially in one program
+  (prefill) or in parallel and were merged afterwards (decode);
+- one query tile (`attention.query_tile` rows of (token, GQA head)) serves 1 query token and many, so the MMA and the
+  row reductions see the same register layout in prefill and decode;
+- a tile or split that holds none of a row's keys leaves that row's state untouched (explicit select), so rows that share
+  a tile with later positions run exactly the arithmetic they would alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from samebits.kernels.configs import TILE_CONFIGS
+
+QUERY_ROWS = TILE_CONFIGS["attention.query_tile"]["config"]["rows"]
+KV_TILE = TILE_CONFIGS["attention.kv_tile"]["config"]["tokens"]
+SPLIT_TOKENS = TILE_CONFIGS["attention.split_kv"]["config"]["tokens"]
+CPU_QUERY_ROWS = TILE_CONFIGS["attention.cpu"]["config"]["query_rows"]
+CPU_KV_TILE = TILE_CONFIGS["attention.cpu"]["config"]["kv_tokens"]
+CPU_SPLIT_TOKENS = TILE_CONFIGS["attention.cpu"]["config"]["split_tokens"]
+TRITON_HEAD_DIMS = (64, 128)
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class AttentionUnsupported(RuntimeError):
+    """Deterministic attention cannot run this input; raised instead of falling back to a batch-variant path."""
+
+
+@dataclass
+class AttentionMetadata:
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32, offsets of each sequence's new tokens in the flat batch
+    context_lens: torch.Tensor  # [B] int32, cached + new tokens per sequence
+    block_tables: torch.Tensor  # [B, max_blocks] int32, KV block ids per sequence (unused entries arbitrary)
+    slot_mapping: torch.Tensor  # [T] int64, cache slot of each new token (block * BS + offset)
+    max_query_len: int
+    max_context_len: int
+
+    @property
+    def num_seqs(self) -> int:
+        return self.context_lens.shape[0]
+
+    @classmethod
+    def build(cls, query_lens, context_lens, block_tables, block_size: int, device=None) -> "AttentionMetadata":
+        """From host lists: query_lens[b] new tokens, context_lens[b] total tokens, block_tables[b] block ids."""
+        query_lens, context_lens = [int(x) for x in query_lens], [int(x) for x in context_lens]
+        tables = [list(map(int, t)) for t in (block_tables.tolist() if torch.is_tensor(block_tables) else block_tables)]
+        _check_lens(query_lens, context_lens, tables, block_size)
+        cu = [0]
+        slots: list[int] = []
+        for q_len, ctx, table in zip(query_lens, context_lens, tables):
+            cu.append(cu[-1] + q_len)
+            slots += [table[p // block_size] * block_size + p % block_size for p in range(ctx - q_len, ctx)]
+        width = max([len(t) for t in tables] + [1])
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        return cls(
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
+            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=device).reshape(len(tables), width),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            max_query_len=max(query_lens, default=0),
+            max_context_len=max(context_lens, default=0),
+        )
+
+
+def _check_lens(query_lens, context_lens, tables, block_size) -> None:
+    if not (len(query_lens) == len(context_lens) == len(tables)):
+        raise ValueError(f"AttentionMetadata.build: {len(query_lens)} query_lens, {len(context_lens)} context_lens, "
+                         f"{len(tables)} block tables")
+    for b, (q_len, ctx, table) in enumerate(zip(query_lens, context_lens, tables)):
+        if not 0 <= q_len <= ctx:
+            raise ValueError(f"AttentionMetadata.build: sequence {b} has query_len {q_len} > context_len {ctx}")
+        if len(table) * block_size < ctx:
+            raise ValueError(f"AttentionMetadata.build: sequence {b} needs {-(-ctx // block_size)} blocks of "
+                             f"{block_size} for {ctx} tokens, block table has {len(table)}")
+
+
+def _fail(why: str, q, k_cache) -> None:
+    raise AttentionUnsupported(
+        f"paged_attention (deterministic): {why}; q {tuple(q.shape)} {q.dtype} on {q.device}, "
+        f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} on {k_cache.device}")
+
+
+def _check(q, k_cache, v_cache, meta, deterministic: bool) -> None:
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        _fail("q must be [T, Hq, D] and both caches [NB, BS, Hkv, D]", q, k_cache)
+    if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2]:
+        _fail("head dims differ or Hq is not a multiple of Hkv", q, k_cache)
+    if q.dtype not in _DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        _fail(f"q and caches must share one dtype of {_DTYPES}", q, k_cache)
+    if q.device != k_cache.device or q.device.type not in ("cpu", "cuda"):
+        _fail("q and caches must be on one cpu or cuda device", q, k_cache)
+    if q.shape[1] // k_cache.shape[2] > QUERY_ROWS:
+        _fail(f"GQA group {q.shape[1] // k_cache.shape[2]} exceeds the {QUERY_ROWS}-row query tile", q, k_cache)
+    if deterministic and q.is_cuda and q.shape[2] not in TRITON_HEAD_DIMS:
+        _fail(f"head_dim {q.shape[2]} has no fixed Triton tile (supported: {TRITON_HEAD_DIMS})", q, k_cache)
+    if meta.cu_seqlens_q.shape[0] != meta.num_seqs + 1:
+        _fail("cu_seqlens_q must have B + 1 entries", q, k_cache)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float, deterministic: bool = True) -> torch.Tensor:
+    """q [T, Hq, D] -> [T, Hq, D] in q.dtype; caches [NB, BS, Hkv, D] already hold the new tokens' K/V."""
+    _check(q, k_cache, v_cache, meta, deterministic)
+    if q.shape[0] == 0:
+        return torch.empty_like(q)
+    if q.is_cuda or _force_triton():
+        from samebits.kernels import attention_triton
+
+        return attention_triton.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=None)
+    if deterministic:
+        return paged_attention_cpu(q, k_cache, v_cache, meta, scale)
+    return paged_attention_sdpa(q, k_cache, v_cache, meta, scale)
+
+
+def _force_triton() -> bool:
+    # Tests may run the Triton kernels on CPU tensors under TRITON_INTERPRET=1 through this switch.
+    import os
+
+    return os.environ.get("SAMEBITS_ATTENTION_TRITON") == "1"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# CPU path (torch). Every matmul, exp and reduction runs on fixed-shape chunks: [Hkv, CPU_QUERY_ROWS, D] queries against
+# [Hkv, CPU_KV_TILE, D] keys, because torch CPU kernels pick blocking (and vector tails) from the shape.
+
+
+def _gather_kv(cache: torch.Tensor, table: torch.Tensor, ctx: int, tile: int) -> torch.Tensor:
+    """[Hkv, ctx rounded up to `tile`, D] float32 copy of one sequence's cache rows, zero padded."""
+    nb, bs, h, d = cache.shape
+    n_blocks = -(-ctx // bs)
+    rows = cache[table[:n_blocks].long()].reshape(n_blocks * bs, h, d)[:ctx].float()
+    padded = rows.new_zeros(-(-ctx // tile) * tile, h, d)
+    padded[:ctx] = rows
+    return padded.transpose(0, 1).contiguous()
+
+
+def _query_chunk(q_seq: torch.Tensor, t0: int, tokens: int, rows: int, h_kv: int) -> torch.Tensor:
+    """[Hkv, rows, D] float32: rows are (token, head-in-group) of tokens t0..t0+tokens-1, zero padded."""
+    t, hq, d = q_seq.shape
+    g = hq // h_kv
+    part = q_seq[t0:t0 + tokens].float().reshape(tokens, h_kv, g, d).permute(1, 0, 2, 3).reshape(h_kv, tokens * g, d)
+    out = part.new_zeros(h_kv, rows, d)
+    out[:, :tokens * g] = part
+    return out
+
+
+def _tile_step(state, qc, k_t, v_t, n0, pos, scale):
+    """One KV tile of the online softmax. qc [H, R, D]; k_t/v_t [H, N, D]; pos [R] (-1 = padding row)."""
+    m, l, acc = state
+    n = n0 + torch.arange(k_t.shape[1])
+    s = torch.bmm(qc, k_t.transpose(1, 2)) * scale  # [H, R, N]
+    s = s.masked_fill((n[None, :] > pos[:, None])[None], float("-inf"))
+    live = (pos >= n0)[None, :]  # [1, R]: the tile holds at least one of the row's keys
+    m_new = torch.maximum(m, s.amax(-1))
+    m_safe = torch.where(live, m_new, torch.zeros_like(m_new))
+    alpha = torch.exp(m - m_safe)
+    p = torch.exp(s - m_safe[..., None])
+    l_new = l * alpha + p.sum(-1)
+    acc_new = acc * alpha[..., None] + torch.bmm(p, v_t)
+    return (torch.where(live, m_new, m), torch.where(live, l_new, l), torch.where(live[..., None], acc_new, acc))
+
+
+def fold_partials(run, part, live):
+    """Fold one split's (m, l, acc) into the running one; rows where `live` is False keep `run` exactly.
+
+    The single formula used by the sequential fold and by the merge of parallel splits."""
+    m_r, l_r, acc_r = run
+    m_s, l_s, acc_s = part
+    m = torch.maximum(m_r, m_s)
+    m_safe = torch.where(live, m, torch.zeros_like(m))
+    a, b = torch.exp(m_r - m_safe), torch.exp(m_s - m_safe)
+    l = l_r * a + l_s * b
+    acc = acc_r * a[..., None] + acc_s * b[..., None]
+    return (torch.where(live, m, m_r), torch.where(live, l, l_r), torch.where(live[..., None], acc, acc_r))
+
+
+def _empty_state(h, r, d):
+    return (torch.full((h, r), float("-inf")), torch.zeros(h, r), torch.zeros(h, r, d))
+
+
+def _split_partial(qc, k_all, v_all, pos, lo, hi, tile, scale):
+    state = _empty_state(qc.shape[0], qc.shape[1], qc.shape[2])
+    for n0 in range(lo, hi, tile):
+        state = _tile_step(state, qc, k_all[:, n0:n0 + tile], v_all[:, n0:n0 + tile], n0, pos, scale)
+    return state
+
+
+def _attend_chunk(qc, k_all, v_all, pos, scale, tile, split):
+    """Sequential fold over splits 0..n-1 of the keys the chunk's last row can see. Returns [H, R, D]."""
+    last = int(pos.max())
+    run = _empty_state(qc.shape[0], qc.shape[1], qc.shape[2])
+    for lo in range(0, last + 1, split):
+        hi = min(lo + split, -(-(last + 1) // tile) * tile)
+        run = fold_partials(run, _split_partial(qc, k_all, v_all, pos, lo, hi, tile, scale), (pos >= lo)[None, :])
+    m, l, acc = run
+    return acc / torch.where(l > 0, l, torch.ones_like(l))[..., None]
+
+
+def paged_attention_cpu(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, *, rows: int = CPU_QUERY_ROWS,
+                        tile: int = CPU_KV_TILE, split: int = CPU_SPLIT_TOKENS) -> torch.Tensor:
+    """Deterministic CPU path and the test reference; the keyword knobs exist for negative controls only."""
+    t, hq, d = q.shape
+    h_kv = k_cache.shape[2]
+    g = hq // h_kv
+    tokens_per_chunk = rows // g
+    out = torch.empty_like(q)
+    cu, ctx_lens = meta.cu_seqlens_q.tolist(), meta.context_lens.tolist()
+    tables = meta.block_tables.cpu()
+    for b, ctx in enumerate(ctx_lens):
+        q0, q1 = cu[b], cu[b + 1]
+        if q1 == q0:
+            continue
+        k_all, v_all = _gather_kv(k_cache, tables[b], ctx, tile), _gather_kv(v_cache, tables[b], ctx, tile)
+        first = ctx - (q1 - q0)
+        for t0 in range(0, q1 - q0, tokens_per_chunk):
+            n_tok = min(tokens_per_chunk, q1 - q0 - t0)
+            qc = _query_chunk(q[q0:q1], t0, n_tok, rows, h_kv)
+            r = torch.arange(rows)
+            pos = torch.where(r < n_tok * g, first + t0 + r // g, torch.full_like(r, -1))
+            o = _attend_chunk(qc, k_all, v_all, pos, scale, tile, split)  # [Hkv, rows, D]
+            o = o[:, :n_tok * g].reshape(h_kv, n_tok, g, d).permute(1, 0, 2, 3).reshape(n_tok, hq, d)
+            out[q0 + t0:q0 + t0 + n_tok] = o.to(q.dtype)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Fast CPU path and the float64 reference.
+
+
+def _gather_seq(cache, table, ctx):
+    nb, bs, h, d = cache.shape
+    n_blocks = -(-ctx // bs)
+    return cache[table[:n_blocks].long()].reshape(n_blocks * bs, h, d)[:ctx]
+
+
+def _per_sequence(q, k_cache, v_cache, meta, fn):
+    out = torch.empty_like(q)
+    cu, ctx_lens = meta.cu_seqlens_q.tolist(), meta.context_lens.tolist()
+    tables = meta.block_tables.to(q.device)
+    g = q.shape[1] // k_cache.shape[2]
+    for b, ctx in enumerate(ctx_lens):
+        q0, q1 = cu[b], cu[b + 1]
+        if q1 == q0:
+            continue
+        k = _gather_seq(k_cache, tables[b], ctx).repeat_interleave(g, dim=1)
+        v = _gather_seq(v_cache, tables[b], ctx).repeat_interleave(g, dim=1)
+        pos = torch.arange(ctx - (q1 - q0), ctx, device=q.device)
+        allowed = torch.arange(ctx, device=q.device)[None, :] <= pos[:, None]  # [n_new, ctx]
+        out[q0:q1] = fn(q[q0:q1], k, v, allowed).to(q.dtype)
+    return out
+
+
+def paged_attention_sdpa(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Fast mode: torch SDPA per sequence over gathered KV (its blocking follows the shapes: not batch-invariant)."""
+    import torch.nn.functional as F
+
+    def sdpa(qs, k, v, allowed):
+        return F.scaled_dot_product_attention(qs.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                              attn_mask=allowed, scale=scale).transpose(0, 1)
+
+    return _per_sequence(q, k_cache, v_cache, meta, sdpa)
+
+
+def paged_attention_reference(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Float64 softmax attention; returns float64 [T, Hq, D] for accuracy bounds."""
+    def exact(qs, k, v, allowed):
+        s = torch.einsum("thd,shd->hts", qs.double(), k.double()) * scale
+        s = s.masked_fill(~allowed[None], float("-inf"))
+        return torch.einsum("hts,shd->thd", torch.softmax(s, -1), v.double())
+
+    return _per_sequence(q.double(), k_cache.double(), v_cache.double(), meta, exact)
+
+
+def audit_specs() -> list[dict]:
+    """What tests/kernels/test_ptx_audit.py needs to compile each Triton kernel of this module for sm_90."""
+    from samebits.kernels import attention_triton
+
+    return attention_triton.audit_specs()
