@@ -102,6 +102,16 @@ def hf_name(name: str) -> str:
     return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
 
 
+def gguf_name(hf: str) -> str:
+    """Inverse of `hf_name` (for writing test files)."""
+    top = {v: k for k, v in _TOP_NAMES.items()}
+    if hf in top:
+        return top[hf]
+    index, suffix = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", hf).groups()
+    layer = {v: k for k, v in _LAYER_NAMES.items()}
+    return f"blk.{index}.{layer[suffix]}"
+
+
 def dequantize_tensor(tensor) -> torch.Tensor:
     """Float32 values in HF layout ([rows, cols]; GGUF lists dims innermost first)."""
     if tensor.tensor_type not in SUPPORTED_TYPES:

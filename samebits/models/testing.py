@@ -147,6 +147,82 @@ def _write_tokenizer(path: Path, hf: dict) -> None:
     _write_json(path / "generation_config.json", {"bos_token_id": hf["bos_token_id"], "eos_token_id": hf["eos_token_id"]})
 
 
+_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+def write_tiny_gguf(path, variant: str = "smollm2", seed: int = 0, qtype: str = "Q8_0", **overrides) -> Path:
+    """A tiny random model as one GGUF file: 2-D weights in `qtype` (F32/F16/BF16/Q8_0/Q4_0/Q4_1), norms F32,
+    llama Q/K rows permuted the way llama.cpp's converter does, tokenizer and chat template in the metadata."""
+    import gguf
+
+    hf = tiny_hf_config(variant, **overrides)
+    config = ModelConfig.from_hf(hf)
+    if config.rope_scaling:
+        raise ValueError("llama3 rope scaling has no GGUF metadata form; use another variant or rope_scaling=None")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(path), _GGUF_ARCH[config.architecture])
+    _gguf_metadata(writer, config)
+    _gguf_tokenizer(writer, config.vocab_size)
+    for name, tensor in sorted(random_weights(config, seed).items()):
+        _gguf_tensor(writer, name, tensor, config, getattr(gguf.GGMLQuantizationType, qtype))
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+        write()
+    writer.close()
+    return path
+
+
+def _gguf_metadata(writer, cfg: ModelConfig) -> None:
+    writer.add_block_count(cfg.num_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_heads)
+    writer.add_head_count_kv(cfg.num_kv_heads)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    writer.add_rope_dimension_count(cfg.head_dim)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+
+
+def _gguf_tokenizer(writer, vocab_size: int) -> None:
+    tok = json.loads(build_tokenizer().to_str())
+    vocab = tok["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    # As llama.cpp's converter: the token list is padded to the embedding rows with unused [PADn] tokens.
+    pads = [f"[PAD{i}]" for i in range(len(tokens), vocab_size)]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens + pads)
+    writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens] + [5] * len(pads))  # 3 control, 5 unused
+    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]])
+    writer.add_bos_token_id(vocab["<|im_start|>"])
+    writer.add_eos_token_id(vocab["<|im_end|>"])
+    writer.add_pad_token_id(vocab["<|endoftext|>"])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML)
+
+
+def _gguf_tensor(writer, name: str, tensor: torch.Tensor, cfg: ModelConfig, qtype) -> None:
+    from gguf.quants import quantize
+
+    from samebits.models.loader_gguf import gguf_name
+
+    values = _llama_cpp_permute(name, tensor, cfg).numpy().astype("float32")
+    if values.ndim == 1:  # llama.cpp keeps norms and biases in F32
+        writer.add_tensor(gguf_name(name), values)
+        return
+    writer.add_tensor(gguf_name(name), quantize(values, qtype), raw_dtype=qtype)
+
+
+def _llama_cpp_permute(name: str, w: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    if cfg.architecture not in ("llama", "mistral") or not name.endswith(("q_proj.weight", "k_proj.weight")):
+        return w
+    heads = cfg.num_heads if "q_proj" in name else cfg.num_kv_heads
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
 def random_model(config: ModelConfig, ops, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
     """A LlamaModel of any shape with N(0, 0.02) weights generated on ops.device (for 8B-shaped GPU runs)."""
     from samebits.models.llama import LlamaModel
