@@ -121,7 +121,7 @@ def test_logprobs_are_raw_log_softmax_whatever_the_temperature():
     rnd = random.Random(3)
     rows = [random_row(rnd, params=p) for p in PARAM_MENU]
     out = run(ours, rows, k=7)
-    raw = torch.log_softmax(torch.stack([r.logits for r in rows]), dim=-1)
+    raw = OPS.log_softmax(torch.stack([r.logits for r in rows]), dim=-1)
     assert_same_bits(out.logprobs, raw.gather(1, out.token_ids[:, None])[:, 0], "sampled logprobs")
     assert out.logprobs.dtype == torch.float32 and out.token_ids.dtype == torch.int64
 
@@ -130,7 +130,7 @@ def test_top_logprobs_sorted_ties_to_lowest_id_and_prefix_consistent():
     logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, -1.0, 2.0]])
     out = S.sample(logits, [1.0], [-1], [1.0], [0.0], [7], [0], [0], 4, ops=OPS)
     assert out.top_logprob_ids.tolist() == [[1, 3, 5, 2]]
-    assert_same_bits(out.top_logprobs, torch.log_softmax(logits, -1)[:, [1, 3, 5, 2]], "top logprobs")
+    assert_same_bits(out.top_logprobs, OPS.log_softmax(logits, -1)[:, [1, 3, 5, 2]], "top logprobs")
     fewer = S.sample(logits, [1.0], [-1], [1.0], [0.0], [7], [0], [0], 2, ops=OPS)
     assert_same_bits(fewer.top_logprob_ids, out.top_logprob_ids[:, :2], "top ids prefix")
     none = S.sample(logits, [1.0], [-1], [1.0], [0.0], [7], [0], [0], 0, ops=OPS)
@@ -170,7 +170,7 @@ def ref_keep(scaled: torch.Tensor, top_k: int, top_p: float, min_p: float) -> to
     if 0 < top_k < vocab:
         keep &= scaled >= sorted(scaled.tolist(), reverse=True)[top_k - 1]
     if top_p < 1.0:
-        probs = torch.softmax(scaled.masked_fill(~keep, float("-inf")), -1)
+        probs = OPS.softmax(scaled.masked_fill(~keep, float("-inf"))[None], -1)[0]
         mass, cut = 0.0, None
         for p in sorted(probs.tolist(), reverse=True):
             if mass >= top_p:
@@ -178,7 +178,7 @@ def ref_keep(scaled: torch.Tensor, top_k: int, top_p: float, min_p: float) -> to
             cut, mass = p, mass + p
         keep &= probs >= cut
     if min_p > 0.0:
-        probs = torch.softmax(scaled.masked_fill(~keep, float("-inf")), -1)
+        probs = OPS.softmax(scaled.masked_fill(~keep, float("-inf"))[None], -1)[0]
         keep &= probs >= torch.tensor(min_p, dtype=torch.float32) * probs.max()
     return keep
 
