@@ -7,6 +7,55 @@ from __future__ import annotations
 # name -> {"config": ..., "why": ...}; filled by the kernels that own them.
 TILE_CONFIGS: dict[str, dict] = {}
 
+TILE_CONFIGS["matmul"] = {
+    # Rows: [max_M, BM, BN, BK, num_warps, num_stages, GROUP_M]; the first row whose max_M >= M is used.
+    "config": [
+        [16, 16, 32, 128, 4, 5, 1],
+        [32, 32, 32, 128, 4, 5, 1],
+        [64, 64, 64, 64, 4, 4, 1],
+        [256, 64, 128, 64, 4, 4, 8],
+        [1 << 62, 128, 256, 64, 8, 3, 8],
+    ],
+    "why": "K is always accumulated in sequence, one tl.dot per BK step into one fp32 accumulator, never split: "
+    "measured on the H200 (shared/baseline/canonical_probe.py), that order gives the same bits for every tile "
+    "shape, so the tile may follow M (small tiles and a deep pipeline for decode, big ones for prefill) while "
+    "the K order stays fixed. tests/kernels/test_gpu.py guards that fact on every bucket.",
+}
+
+TILE_CONFIGS["cpu_matmul"] = {
+    "config": {"rows": 64, "min_n": 16},
+    "why": "torch's CPU mm (MKL) changes a row's bits with M, so every call is made at one shape: rows padded "
+    "with zeros to blocks of 64. MKL also gave row-position-dependent bits inside a block for 2 <= N <= 11 "
+    "with odd K, so N is padded with zero columns up to 16. Both facts are measurements; "
+    "tests/kernels/test_cpu_invariance.py guards them.",
+}
+
+TILE_CONFIGS["cpu_rows"] = {
+    "config": {"rows": 64},
+    "why": "CPU row reductions (norms, softmax) run on fixed [64, N] blocks so torch never picks its "
+    "two-pass (split-the-row) reduction, which it uses when a reduction has a single output.",
+}
+
+TILE_CONFIGS["rms_norm"] = {
+    "config": {"max_block": 4096, "num_warps": 8},
+    "why": "One row per program; BLOCK = min(next_pow2(H), 4096) is a function of H alone, and the lane "
+    "accumulators are summed by tl.sum over that fixed layout.",
+}
+
+TILE_CONFIGS["softmax"] = {
+    "config": {"max_block": 4096, "num_warps": 8},
+    "why": "One row per program; online max/sum per lane over BLOCK = min(next_pow2(N), 4096) columns, merged "
+    "across lanes by one tl.max/tl.sum of fixed layout.",
+}
+
+TILE_CONFIGS["det_sum"] = {
+    "config": {"split": 128, "block": 1024, "num_warps": 4},
+    "why": "The seed's two-stage reduction: n cut into a fixed SPLIT of equal segments of ceil(n/SPLIT) (a "
+    "function of n alone), each summed by one program in BLOCK-wide steps, then merged in index order "
+    "0..SPLIT-1.",
+}
+
+
 TILE_CONFIGS["attention.query_tile"] = {
     "config": {"rows": 64, "num_warps": 4, "num_stages": 2},
     "why": "rows = (token, GQA head) pairs; the H200 probe showed head_dim-128 row reductions change with the query "

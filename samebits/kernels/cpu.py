@@ -1,0 +1,114 @@
+"""The batch-invariant CPU path: every vendor call is made at one fixed shape, so a row's bits never see M.
+
+torch's CPU kernels pick blocking and threading from the whole shape. Calling them only on fixed-shape blocks
+([rows, K] padded with zeros) makes the reduction order a function of K, N and constants. Ops that aten dispatch
+may route back to samebits (drop-in mode) are called through their out= overloads, which drop-in leaves alone.
+bf16/fp16 are computed in fp32 and rounded once at the end.
+"""
+from __future__ import annotations
+
+import torch
+
+from samebits.kernels.common import cdiv, in_row_blocks
+from samebits.kernels.configs import TILE_CONFIGS
+
+_MM = TILE_CONFIGS["cpu_matmul"]["config"]
+_ROWS = TILE_CONFIGS["cpu_rows"]["config"]["rows"]
+_SUM = TILE_CONFIGS["det_sum"]["config"]
+
+
+def _mm_block(a, b):
+    # a [rows, K] fp32, b [K, Np] fp32 -> [rows, Np]; aten::mm.out, never the aten::mm that drop-in overrides.
+    out = a.new_empty(a.shape[0], b.shape[1])
+    return torch.mm(a, b, out=out)
+
+
+def matmul(a, b):
+    """a [M, K] @ b [K, N] -> [M, N] in a.dtype, fp32 accumulation, bits independent of M."""
+    n = b.shape[1]
+    bf = b.float()
+    if n < _MM["min_n"]:
+        bf = torch.cat([bf, bf.new_zeros(bf.shape[0], _MM["min_n"] - n)], dim=1)
+    out = in_row_blocks(lambda blk: _mm_block(blk, bf), _MM["rows"], a.float())
+    return out[:, :n].to(a.dtype)
+
+
+def linear(x, weight, bias=None):
+    """x [..., K], weight [N, K] (F.linear layout) -> [..., N]."""
+    k = x.shape[-1]
+    y = matmul(x.reshape(-1, k), weight.t())
+    if bias is not None:
+        y = (y.float() + bias.float()).to(x.dtype) if x.dtype != torch.float32 else y + bias
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _row_sum(x):
+    # x [rows, N] fp32 -> [rows]; aten::sum.IntList_out at a fixed shape.
+    out = x.new_empty(x.shape[0])
+    return torch.sum(x, dim=-1, out=out)
+
+
+def _rms_block(x, w, eps, dtype):
+    # x [rows, H] fp32 -> [rows, H] in dtype, HF Llama semantics: normalise in fp32, round, then scale by w.
+    var = _row_sum(x * x) / x.shape[-1]
+    y = (x * torch.rsqrt(var + eps)[:, None]).to(dtype)
+    return y * w
+
+
+def rms_norm(x, weight, eps):
+    h = x.shape[-1]
+    w = weight.to(x.dtype)
+    y = in_row_blocks(lambda blk: _rms_block(blk, w, eps, x.dtype), _ROWS, x.reshape(-1, h).float())
+    return y.reshape(x.shape)
+
+
+def add_rms_norm(x, residual, weight, eps):
+    """-> (rms_norm(x + residual), x + residual); the sum is rounded to x.dtype first, as an unfused model does."""
+    s = x + residual
+    return rms_norm(s, weight, eps), s
+
+
+def _softmax_block(x, log: bool):
+    # x [rows, N] fp32 -> [rows, N] fp32; max is exact in any order, the sum goes through _row_sum.
+    m = x.amax(dim=-1, keepdim=True)
+    e = torch.exp(x - m)
+    s = _row_sum(e)[:, None]
+    return x - m - torch.log(s) if log else e / s
+
+
+def _last_dim_rows(x, dim):
+    xt = x.movedim(dim, -1)
+    return xt, xt.reshape(-1, xt.shape[-1]).float()
+
+
+def softmax(x, dim=-1, log=False):
+    """fp32 softmax (or log_softmax) along dim."""
+    if x.numel() == 0:
+        return x.float()
+    xt, rows = _last_dim_rows(x, dim)
+    y = in_row_blocks(lambda blk: _softmax_block(blk, log), _ROWS, rows)
+    return y.reshape(xt.shape).movedim(-1, dim)
+
+
+def log_softmax(x, dim=-1):
+    return softmax(x, dim, log=True)
+
+
+def segment_len(n: int) -> int:
+    """Segment length of the two-stage sum: n cut into SPLIT equal segments (the last ones padded with zeros)."""
+    return max(1, cdiv(n, _SUM["split"]))
+
+
+def det_sum_rows(x):
+    """x [R, n] -> [R] fp32: SPLIT fixed segments each summed, then merged in index order 0..SPLIT-1."""
+    r, n = x.shape
+    split, seg = _SUM["split"], segment_len(n)
+    buf = x.new_zeros(r, split * seg, dtype=torch.float32)
+    buf[:, :n] = x
+    parts = buf.new_empty(r, split)
+    # Stage 1: R*SPLIT outputs (>= 2), so torch never splits a segment across threads.
+    torch.sum(buf.view(r, split, seg), dim=-1, out=parts)
+    acc = parts[:, 0].clone()
+    for j in range(1, split):
+        acc += parts[:, j]
+    return acc
