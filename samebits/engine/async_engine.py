@@ -84,6 +84,17 @@ def _snapshot(out):
     return replace(out, outputs=outputs, prompt_token_ids=list(out.prompt_token_ids))
 
 
+def _settle(future: concurrent.futures.Future, error: Optional[BaseException] = None) -> None:
+    """Complete a command's future unless its waiter already gave up (asyncio cancels wrapped futures)."""
+    try:
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
 class AsyncEngine:
     def __init__(self, engine, max_waiting: int = 1024, idle_poll_s: float = 0.5):
         self.engine = engine
@@ -233,6 +244,7 @@ class AsyncEngine:
         return applied
 
     def _apply(self, kind: str, args: tuple, future: concurrent.futures.Future) -> None:
+        # Applied even when the waiter was cancelled: an add must still be matched by the abort that follows it.
         try:
             if kind == "add":
                 request_id, ids, params, prompt = args
@@ -241,14 +253,14 @@ class AsyncEngine:
                 self.engine.abort_request(args[0])
         except Exception as e:  # a bad request (or an unknown id to abort) fails that request, not the loop
             if kind == "add":
-                future.set_exception(e)
+                _settle(future, error=e)
                 return
-        future.set_result(None)
+        _settle(future)
 
     def _fail_pending_commands(self) -> None:
         while self._commands:
             _, _, future = self._commands.popleft()
-            future.set_exception(EngineDead("the engine loop has stopped"))
+            _settle(future, error=EngineDead("the engine loop has stopped"))
 
     def _refresh_stats(self) -> None:
         stats = getattr(self.engine, "stats", None)

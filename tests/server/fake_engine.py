@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -75,7 +76,8 @@ class FakeLLMEngine:
         self.num_blocks = num_blocks
         self.step_delay_s = step_delay_s
         self.model_name = "fake"
-        self.fail_next_step = False
+        self.fail_at_step: int | None = None  # raise inside step() number N (1-based): the loop dies there
+        self.gate: threading.Event | None = None  # while set to an unset Event, step() waits (bounded)
         self.requests: dict[str, _Req] = {}
         self.steps = 0
 
@@ -104,11 +106,13 @@ class FakeLLMEngine:
         return list(self.requests.values())[: self.max_num_seqs]
 
     def step(self) -> list[RequestOutput]:
-        if self.fail_next_step:
-            raise RuntimeError("injected engine failure")
+        if self.gate is not None:
+            assert self.gate.wait(30), "test gate never opened"
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
         self.steps += 1
+        if self.fail_at_step is not None and self.steps >= self.fail_at_step:
+            raise RuntimeError("injected engine failure")
         outs = [self._advance(r) for r in self._running()]
         for out in outs:
             if out.finished:
