@@ -1,0 +1,342 @@
+"""Triton kernels of the attention block: paged attention (+ split merge), KV cache writes, RoPE.
+
+Imported lazily (only on CUDA or under TRITON_INTERPRET=1) so that importing samebits never needs triton.
+Every kernel comes with a launcher that checks shapes, dtypes and strides; the plain-torch references live beside the
+public functions (attention.paged_attention_cpu, kv_cache.write_kv_reference, rope.apply_rope_reference).
+No atomics anywhere: each output element is written by exactly one program.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from samebits.kernels.configs import TILE_CONFIGS
+
+_QT = TILE_CONFIGS["attention.query_tile"]["config"]
+BLOCK_M = _QT["rows"]
+NUM_WARPS = _QT["num_warps"]
+NUM_STAGES = _QT["num_stages"]
+BLOCK_N = TILE_CONFIGS["attention.kv_tile"]["config"]["tokens"]
+SPLIT = TILE_CONFIGS["attention.split_kv"]["config"]["tokens"]
+assert SPLIT % BLOCK_N == 0, "a split must hold whole KV tiles"
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Paged attention
+
+
+@triton.jit
+def _tile_step(q, m, l, acc, K, V, bt_row, n0, last, pos, h, scale,
+               stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+               BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    # q [BM, D]; m, l [BM] fp32; acc [BM, D] fp32; keys n0..n0+BLOCK_N-1 of this sequence, gathered via the block table.
+    n = n0 + tl.arange(0, BLOCK_N)  # [BN]
+    kv_ok = n <= last
+    blk = tl.load(bt_row + n // BS, mask=kv_ok, other=0).to(tl.int64)
+    off = n % BS
+    d = tl.arange(0, D)
+    k = tl.load(K + blk[:, None] * stride_kb + off[:, None] * stride_ks + h * stride_kh + d[None, :],
+                mask=kv_ok[:, None], other=0.0)  # [BN, D]
+    v = tl.load(V + blk[:, None] * stride_vb + off[:, None] * stride_vs + h * stride_vh + d[None, :],
+                mask=kv_ok[:, None], other=0.0)  # [BN, D]
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = s * scale  # [BM, BN]
+    s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
+    live = pos >= n0  # the tile holds at least one of the row's keys; other rows keep their state bit for bit
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(live, m_new, 0.0)
+    alpha = tl.exp(m - m_safe)
+    p = tl.exp(s - m_safe[:, None])  # [BM, BN]
+    l_new = tl.fma(l, alpha, tl.sum(p, 1))
+    acc_new = acc * alpha[:, None]
+    if IEEE:
+        acc_new = tl.dot(p.to(v.dtype), v, acc_new, input_precision="ieee")
+    else:
+        acc_new = tl.dot(p.to(v.dtype), v, acc_new)
+    return tl.where(live, m_new, m), tl.where(live, l_new, l), tl.where(live[:, None], acc_new, acc)
+
+
+@triton.jit
+def _fold(m_r, l_r, acc_r, m_s, l_s, acc_s, live):
+    # The one merge formula, shared by the sequential fold and the merge kernel so both round identically.
+    # m/l [BM], acc [BM, D]; rows where live is False keep the running state bit for bit.
+    m = tl.maximum(m_r, m_s)
+    m_safe = tl.where(live, m, 0.0)
+    a = tl.exp(m_r - m_safe)
+    b = tl.exp(m_s - m_safe)
+    l = tl.fma(l_r, a, l_s * b)
+    acc = tl.fma(acc_r, a[:, None], acc_s * b[:, None])
+    return tl.where(live, m, m_r), tl.where(live, l, l_r), tl.where(live[:, None], acc, acc_r)
+
+
+@triton.jit
+def _normalize(acc, l):
+    return acc / tl.where(l > 0, l, 1.0)[:, None]
+
+
+@triton.jit
+def _rows(cu_seqlens_q, context_lens, b, pid_m, G: tl.constexpr, BLOCK_M: tl.constexpr):
+    # Query-tile rows are (token, head-in-group) pairs: row r is token tok0 + r // G, query head h * G + r % G.
+    TM: tl.constexpr = BLOCK_M // G
+    q_start = tl.load(cu_seqlens_q + b)
+    n_new = tl.load(cu_seqlens_q + b + 1) - q_start
+    ctx = tl.load(context_lens + b)
+    tok0 = pid_m * TM
+    r = tl.arange(0, BLOCK_M)
+    tq = tok0 + r // G
+    row_ok = (r < TM * G) & (tq < n_new)
+    first = ctx - n_new  # position of the sequence's first new token
+    pos = tl.where(row_ok, first + tq, -1)  # [BM]; -1 marks padding rows
+    last = tl.minimum(first + tok0 + TM - 1, ctx - 1)  # the tile's last position: no key beyond it is read
+    t_idx = (q_start + tq).to(tl.int64)
+    return tok0 < n_new, t_idx, r % G, row_ok, pos, last
+
+
+@triton.jit
+def _paged_attention_kernel(
+        Q, K, V, O, PM, PL, PACC, cu_seqlens_q, context_lens, block_tables, scale, n_split_grid, num_q_heads,
+        stride_qt, stride_qh, stride_ot, stride_oh,
+        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+        G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+        SPLIT: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    # grid (query tiles, B, Hkv * n_split_grid). PARTIAL: this program computes split `sid` only and stores (m, l, acc)
+    # to PM/PL [T, Hq, S] and PACC [T, Hq, S, D]; otherwise it folds all splits in order and stores O [T, Hq, D].
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2) // n_split_grid
+    sid = tl.program_id(2) % n_split_grid
+    has_rows, t_idx, g, row_ok, pos, last = _rows(cu_seqlens_q, context_lens, b, pid_m, G, BLOCK_M)
+    if has_rows:
+        qh = h * G + g  # [BM]
+        d = tl.arange(0, D)
+        q = tl.load(Q + t_idx[:, None] * stride_qt + qh[:, None] * stride_qh + d[None, :],
+                    mask=row_ok[:, None], other=0.0)  # [BM, D]
+        if UPCAST:
+            q = q.to(tl.float32)
+        n_splits = last // SPLIT + 1
+        lo_split = 0
+        hi_split = n_splits
+        if PARTIAL:
+            lo_split = sid
+            hi_split = tl.minimum(sid + 1, n_splits)
+        bt_row = block_tables + b * stride_bt
+        m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_run = tl.zeros([BLOCK_M], tl.float32)
+        acc_run = tl.zeros([BLOCK_M, D], tl.float32)
+        for s_idx in range(lo_split, hi_split):
+            m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, D], tl.float32)
+            kv_lo = s_idx * SPLIT
+            kv_hi = tl.minimum(kv_lo + SPLIT, last + 1)
+            for n0 in range(kv_lo, kv_hi, BLOCK_N):
+                m, l, acc = _tile_step(q, m, l, acc, K, V, bt_row, n0, last, pos, h, scale,
+                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                       BLOCK_N, D, BS, UPCAST, IEEE)
+            if PARTIAL:
+                ok = row_ok & (pos >= kv_lo)
+                p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx  # [BM]
+                tl.store(PM + p_idx, m, mask=ok)
+                tl.store(PL + p_idx, l, mask=ok)
+                tl.store(PACC + p_idx[:, None] * D + d[None, :], acc, mask=ok[:, None])
+            else:
+                m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m, l, acc, pos >= kv_lo)
+        if not PARTIAL:
+            out = _normalize(acc_run, l_run)
+            tl.store(O + t_idx[:, None] * stride_ot + qh[:, None] * stride_oh + d[None, :],
+                     out.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _merge_splits_kernel(O, PM, PL, PACC, cu_seqlens_q, context_lens, n_split_grid, num_q_heads, stride_ot, stride_oh,
+                         G: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr):
+    # grid (query tiles, B, Hkv): the same rows as the attention kernel, folding splits 0..n-1 with the same _fold.
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    has_rows, t_idx, g, row_ok, pos, last = _rows(cu_seqlens_q, context_lens, b, pid_m, G, BLOCK_M)
+    if has_rows:
+        qh = h * G + g
+        d = tl.arange(0, D)
+        m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_run = tl.zeros([BLOCK_M], tl.float32)
+        acc_run = tl.zeros([BLOCK_M, D], tl.float32)
+        for s_idx in range(0, last // SPLIT + 1):
+            live = pos >= s_idx * SPLIT
+            p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx
+            m = tl.load(PM + p_idx, mask=live, other=float("-inf"))
+            l = tl.load(PL + p_idx, mask=live, other=0.0)
+            acc = tl.load(PACC + p_idx[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
+            m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m, l, acc, live)
+        out = _normalize(acc_run, l_run)
+        tl.store(O + t_idx[:, None] * stride_ot + qh[:, None] * stride_oh + d[None, :],
+                 out.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+def _check_attention(q, k_cache, v_cache, meta) -> None:
+    what = f"paged_attention[triton](q {tuple(q.shape)} {q.dtype} on {q.device}, cache {tuple(k_cache.shape)})"
+    assert q.stride(2) == 1, f"{what}: q's head dim must be contiguous, strides {q.stride()}"
+    assert k_cache.is_contiguous() and v_cache.is_contiguous(), f"{what}: caches must be contiguous"
+    assert q.shape[2] in (64, 128), f"{what}: head_dim must be 64 or 128"
+    for name in ("cu_seqlens_q", "context_lens", "block_tables"):
+        t = getattr(meta, name)
+        assert t.dtype == torch.int32 and t.device == q.device, f"{what}: meta.{name} must be int32 on {q.device}"
+    assert meta.block_tables.stride(1) == 1, f"{what}: block table rows must be contiguous"
+
+
+def default_parallel_splits(meta, tokens_per_tile: int) -> bool:
+    """Decode-shaped batches run their splits in parallel; the bits are the same either way (tested)."""
+    return meta.max_query_len <= tokens_per_tile and meta.max_context_len > SPLIT
+
+
+def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bool | None = None) -> torch.Tensor:
+    """q [T, Hq, D] -> [T, Hq, D]; caches [NB, BS, Hkv, D]. parallel_splits=None picks by shape (bits unchanged)."""
+    _check_attention(q, k_cache, v_cache, meta)
+    t, hq, d = q.shape
+    bs, h_kv = k_cache.shape[1], k_cache.shape[2]
+    g = hq // h_kv
+    tokens_per_tile = BLOCK_M // g
+    if parallel_splits is None:
+        parallel_splits = default_parallel_splits(meta, tokens_per_tile)
+    n_split_grid = -(-meta.max_context_len // SPLIT) if parallel_splits else 1
+    out = torch.empty_like(q)
+    if parallel_splits:
+        pm = torch.empty(t, hq, n_split_grid, dtype=torch.float32, device=q.device)
+        pl = torch.empty_like(pm)
+        pacc = torch.empty(t, hq, n_split_grid, d, dtype=torch.float32, device=q.device)
+    else:
+        pm = pl = pacc = out  # unused by the folding variant
+    upcast = _interpreted()  # the interpreter's bf16/fp16 arithmetic is not the GPU's: compute in fp32 there
+    ieee = upcast or q.dtype == torch.float32  # fp32 operands: exact fp32 products, never tf32
+    grid = (-(-meta.max_query_len // tokens_per_tile), meta.num_seqs, h_kv * n_split_grid)
+    _paged_attention_kernel[grid](
+        q, k_cache, v_cache, out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
+        float(scale), n_split_grid, hq, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
+        G=g, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=d, BS=bs, SPLIT=SPLIT, PARTIAL=parallel_splits,
+        UPCAST=upcast, IEEE=ieee, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if parallel_splits:
+        _merge_splits_kernel[grid[:2] + (h_kv,)](
+            out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, n_split_grid, hq, out.stride(0), out.stride(1),
+            G=g, BLOCK_M=BLOCK_M, D=d, SPLIT=SPLIT, num_warps=NUM_WARPS)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# KV cache writes
+
+
+@triton.jit
+def _write_kv_kernel(K, V, KC, VC, slots, stride_kt, stride_vt, HD: tl.constexpr, BLOCK: tl.constexpr):
+    # grid (T,): token t's [Hkv * D] keys/values copied to cache row `slots[t]` ([NB * BS, Hkv * D] view).
+    t = tl.program_id(0)
+    slot = tl.load(slots + t)
+    if slot >= 0:
+        i = tl.arange(0, BLOCK)
+        ok = i < HD
+        tl.store(KC + slot * HD + i, tl.load(K + t * stride_kt + i, mask=ok), mask=ok)
+        tl.store(VC + slot * HD + i, tl.load(V + t * stride_vt + i, mask=ok), mask=ok)
+
+
+def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
+    t, h, d = k.shape
+    what = f"write_kv[triton](k {tuple(k.shape)} strides {k.stride()}, v strides {v.stride()})"
+    assert k.stride(2) == 1 and k.stride(1) == d and v.stride(2) == 1 and v.stride(1) == d, \
+        f"{what}: each token's [Hkv, D] must be contiguous"
+    assert slot_mapping.device == k.device, f"{what}: slot_mapping must be on {k.device}"
+    _write_kv_kernel[(t,)](k, v, k_cache, v_cache, slot_mapping.long(), k.stride(0), v.stride(0),
+                           HD=h * d, BLOCK=triton.next_power_of_2(h * d))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# RoPE
+
+
+@triton.jit
+def _rope_kernel(X, OUT, positions, COS_SIN, stride_xt, stride_xh, stride_ot, stride_oh, num_heads,
+                 HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    # grid (T,): every head of token t rotated by the table row of its position; fp32 arithmetic, one rounding.
+    t = tl.program_id(0)
+    pos = tl.load(positions + t).to(tl.int64)
+    j = tl.arange(0, HALF)
+    cos = tl.load(COS_SIN + pos * (2 * HALF) + j)[None, :]  # [1, HALF]
+    sin = tl.load(COS_SIN + pos * (2 * HALF) + HALF + j)[None, :]
+    hh = tl.arange(0, BLOCK_H)
+    ok = (hh < num_heads)[:, None]
+    x_ptr = X + t * stride_xt + hh[:, None] * stride_xh + j[None, :]
+    x1 = tl.load(x_ptr, mask=ok, other=0.0).to(tl.float32)  # [BLOCK_H, HALF]
+    x2 = tl.load(x_ptr + HALF, mask=ok, other=0.0).to(tl.float32)
+    o_ptr = OUT + t * stride_ot + hh[:, None] * stride_oh + j[None, :]
+    tl.store(o_ptr, (x1 * cos - x2 * sin).to(OUT.dtype.element_ty), mask=ok)
+    tl.store(o_ptr + HALF, (x2 * cos + x1 * sin).to(OUT.dtype.element_ty), mask=ok)
+
+
+def _rope_one(x, positions, cos_sin):
+    t, h, d = x.shape
+    assert x.stride(2) == 1, f"apply_rope[triton]: head dim of {tuple(x.shape)} must be contiguous, {x.stride()}"
+    assert cos_sin.is_contiguous() and cos_sin.device == x.device, "apply_rope[triton]: table must be contiguous"
+    assert d & (d - 1) == 0, f"apply_rope[triton]: head_dim {d} must be a power of two"
+    out = torch.empty(t, h, d, dtype=x.dtype, device=x.device)
+    _rope_kernel[(t,)](x, out, positions, cos_sin, x.stride(0), x.stride(1), out.stride(0), out.stride(1), h,
+                       HALF=d // 2, BLOCK_H=triton.next_power_of_2(h))
+    return out
+
+
+def apply_rope(q, k, positions, cos_sin):
+    return _rope_one(q, positions, cos_sin), _rope_one(k, positions, cos_sin)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# PTX audit
+
+
+def audit_specs() -> list[dict]:
+    """Each kernel with a signature and constexprs for triton.compile(ASTSource(...)) at a representative shape."""
+    i32, f32 = "i32", "fp32"
+    specs = []
+    for dtype in ("bf16", "fp16", "fp32"):
+        for d in (64, 128):
+            for partial in (False, True):
+                ptr = "*" + dtype
+                sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32",
+                       "cu_seqlens_q": "*i32", "context_lens": "*i32", "block_tables": "*i32", "scale": f32,
+                       "n_split_grid": i32, "num_q_heads": i32}
+                sig.update({n: i32 for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb",
+                                             "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh",
+                                             "stride_bt")})
+                const = {"G": 4, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "D": d, "BS": 16, "SPLIT": SPLIT,
+                         "PARTIAL": partial, "UPCAST": False, "IEEE": dtype == "fp32"}
+                sig.update({n: "constexpr" for n in const})
+                specs.append({"name": f"paged_attention_{dtype}_d{d}_{'partial' if partial else 'fold'}",
+                              "fn": _paged_attention_kernel, "signature": sig, "constexprs": const,
+                              "num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+            ptr = "*" + dtype
+            sig = {"O": ptr, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32", "cu_seqlens_q": "*i32",
+                   "context_lens": "*i32", "n_split_grid": i32, "num_q_heads": i32, "stride_ot": i32, "stride_oh": i32}
+            const = {"G": 4, "BLOCK_M": BLOCK_M, "D": d, "SPLIT": SPLIT}
+            sig.update({n: "constexpr" for n in const})
+            specs.append({"name": f"merge_splits_{dtype}_d{d}", "fn": _merge_splits_kernel, "signature": sig,
+                          "constexprs": const, "num_warps": NUM_WARPS, "num_stages": 1})
+        ptr = "*" + dtype
+        sig = {"K": ptr, "V": ptr, "KC": ptr, "VC": ptr, "slots": "*i64", "stride_kt": i32, "stride_vt": i32,
+               "HD": "constexpr", "BLOCK": "constexpr"}
+        specs.append({"name": f"write_kv_{dtype}", "fn": _write_kv_kernel, "signature": sig,
+                      "constexprs": {"HD": 1024, "BLOCK": 1024}, "num_warps": 4, "num_stages": 1})
+        sig = {"X": ptr, "OUT": ptr, "positions": "*i64", "COS_SIN": "*fp32", "stride_xt": i32, "stride_xh": i32,
+               "stride_ot": i32, "stride_oh": i32, "num_heads": i32, "HALF": "constexpr", "BLOCK_H": "constexpr"}
+        specs.append({"name": f"rope_{dtype}", "fn": _rope_kernel, "signature": sig,
+                      "constexprs": {"HALF": 64, "BLOCK_H": 32}, "num_warps": 4, "num_stages": 1})
+    return specs

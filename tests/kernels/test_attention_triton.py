@@ -1,0 +1,109 @@
+"""The Triton kernels (attention, split merge, KV writes, RoPE) on small shapes: under TRITON_INTERPRET=1 on a CPU
+machine, natively on a GPU. The same invariants as the CPU path, bit for bit."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from samebits.diagnostics.compare import assert_same_bits
+from samebits.kernels.attention import paged_attention, paged_attention_reference
+from samebits.kernels.kv_cache import write_kv_reference
+from samebits.kernels.rope import apply_rope_reference, rope_cos_sin
+from tests.kernels.test_attention import full_prefill, make_world, random_cuts, run
+
+pytestmark = pytest.mark.interpreter
+triton_ops = pytest.importorskip("samebits.kernels.attention_triton")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def tri(q, k_cache, v_cache, meta, scale, parallel_splits=None):
+    return triton_ops.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits)
+
+
+# (D, Hq, Hkv, lens): one GQA-4 head-dim-64 case crossing a split, one GQA-3 head-dim-128 case. Kept small: the
+# interpreter runs every program in numpy.
+CASES = [(64, 8, 2, [1, 30, 70, 290]), (128, 3, 1, [2, 66, 130])]
+
+
+@pytest.mark.parametrize("d,hq,hkv,lens", CASES)
+def test_triton_invariants(d, hq, hkv, lens):
+    world = make_world(lens, hq, hkv, d, 16, seed=d, device=DEVICE)
+    full = full_prefill(world, tri)
+    rng = random.Random(d)
+    # 1: batch composition and position in the batch.
+    for s in range(len(lens)):
+        assert_same_bits(run(world, [(s, lens[s], lens[s])], tri)[0], full[s], f"seq {s} alone")
+    # 2: chunked prefill at random cuts (all sequences in one batch per step would also do; one sequence is cheaper),
+    # prefix hits, and decode steps batched with sequential and with parallel splits.
+    s = len(lens) - 1
+    cuts = random_cuts(rng, lens[s], 3)
+    ends = sorted(set(cuts) | {lens[s]})
+    steps = [(s, e, e - b) for b, e in zip([0] + ends[:-1], ends)]
+    got = torch.cat([run(world, [step, (0, lens[0], lens[0])], tri)[0] for step in steps])
+    assert_same_bits(got, full[s], f"seq {s} chunked at {cuts}")
+    hit = rng.randint(1, lens[s] - 1)
+    assert_same_bits(run(world, [(s, lens[s], lens[s] - hit)], tri)[0], full[s][hit:], f"prefix hit {hit}")
+    positions = sorted(rng.sample(range(lens[s]), 6) + [lens[s] - 1])
+    for parallel in (False, True):
+        outs = run(world, [(s, t + 1, 1) for t in positions], tri, parallel_splits=parallel)
+        for t, out in zip(positions, outs):
+            assert_same_bits(out, full[s][t:t + 1], f"decode at {t}, parallel splits {parallel}")
+    # 3: run to run.
+    assert_same_bits(torch.cat(full_prefill(world, tri)), torch.cat(full), "repeat run")
+
+
+def test_parallel_splits_merge_equals_sequential_fold_for_prefill_chunks():
+    world = make_world([300, 270], 8, 2, 64, 16, seed=3, device=DEVICE)
+    reqs = [(0, 300, 40), (1, 270, 17)]
+    folded = run(world, reqs, tri, parallel_splits=False)
+    merged = run(world, reqs, tri, parallel_splits=True)
+    for a, b in zip(folded, merged):
+        assert_same_bits(b, a, "parallel splits + merge vs sequential fold")
+
+
+@pytest.mark.parametrize("dtype,bound", [(torch.float32, 2e-6), (torch.bfloat16, 6e-3), (torch.float16, 1e-3)])
+def test_triton_close_to_float64(dtype, bound):
+    world = make_world([1, 70, 280], 4, 2, 64, 16, dtype=dtype, seed=5, device=DEVICE)
+    reqs = [(0, 1, 1), (1, 70, 70), (2, 280, 30)]
+    out = torch.cat(run(world, reqs, tri))
+    ref = torch.cat(run(world, reqs, paged_attention_reference))
+    assert torch.isfinite(out).all()
+    rel = float((out.double() - ref).norm() / ref.norm())
+    assert rel < bound, f"{dtype}: relative error {rel:.2e} over {bound:.0e}"
+
+
+def test_public_entry_dispatches_to_triton(monkeypatch):
+    monkeypatch.setenv("SAMEBITS_ATTENTION_TRITON", "1")
+    world = make_world([20, 9], 4, 2, 64, 16, seed=7, device=DEVICE)
+    via_public = run(world, [(0, 20, 20), (1, 9, 3)], paged_attention)
+    direct = run(world, [(0, 20, 20), (1, 9, 3)], tri)
+    for a, b in zip(via_public, direct):
+        assert_same_bits(a, b, "public entry vs triton launcher")
+
+
+def test_write_kv_kernel_matches_reference():
+    gen = torch.Generator().manual_seed(0)
+    caches = [torch.zeros(4, 4, 2, 64, dtype=torch.bfloat16, device=DEVICE) for _ in range(4)]
+    kv = torch.randn(6, 2, 2, 64, generator=gen).bfloat16().to(DEVICE)  # k and v as strided views of one tensor
+    slots = torch.tensor([9, 3, -1, 15, 4, 8], device=DEVICE)
+    triton_ops.write_kv(kv[:, 0], kv[:, 1], caches[0], caches[1], slots)
+    write_kv_reference(kv[:, 0], kv[:, 1], caches[2], caches[3], slots)
+    assert_same_bits(caches[0], caches[2], "k cache")
+    assert_same_bits(caches[1], caches[3], "v cache")
+
+
+def test_rope_kernel_close_to_reference_and_batch_invariant():
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(12, 6, 128, generator=gen).bfloat16().to(DEVICE)
+    k = torch.randn(12, 2, 128, generator=gen).bfloat16().to(DEVICE)
+    positions = torch.randint(0, 4000, (12,), generator=gen).to(DEVICE)
+    table = rope_cos_sin(128, 4000, 500000.0, device=DEVICE)
+    q_out, k_out = triton_ops.apply_rope(q, k, positions, table)
+    q_ref, k_ref = apply_rope_reference(q, k, positions, table)
+    torch.testing.assert_close(q_out.float(), q_ref.float(), rtol=8e-3, atol=8e-3)
+    torch.testing.assert_close(k_out.float(), k_ref.float(), rtol=8e-3, atol=8e-3)
+    q_part, k_part = triton_ops.apply_rope(q[5:6], k[5:6], positions[5:6], table)
+    assert_same_bits(q_part, q_out[5:6], "rope q row alone vs batched")
+    assert_same_bits(k_part, k_out[5:6], "rope k row alone vs batched")
