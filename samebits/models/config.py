@@ -15,6 +15,7 @@ SUPPORTED = {
     "qwen2": ("Qwen2ForCausalLM",),
     "qwen3": ("Qwen3ForCausalLM",),
 }
+GGUF_ARCHS = ("llama", "qwen2", "qwen3")  # llama.cpp names; Mistral and SmolLM2 files say "llama"
 ROPE_TYPES = ("default", "llama3")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -102,10 +103,7 @@ class ModelConfig:
     @classmethod
     def from_gguf(cls, meta: Mapping[str, Any], vocab_size: int, tied: bool) -> "ModelConfig":
         """From GGUF metadata (plain key -> value); vocab size and tying come from the tensors, not the metadata."""
-        arch = meta.get("general.architecture")
-        if arch not in ("llama", "qwen2", "qwen3"):
-            raise UnsupportedModelError(f"unsupported GGUF architecture {arch!r}; supported: ['llama', 'qwen2', 'qwen3']")
-        _reject_gguf_features(meta, arch)
+        arch = check_gguf_architecture(meta)
         heads = meta[f"{arch}.attention.head_count"]
         hidden = meta[f"{arch}.embedding_length"]
         return cls(
@@ -126,6 +124,14 @@ class ModelConfig:
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=_as_ids(meta.get("tokenizer.ggml.eos_token_id")),
         )
+
+
+def check_gguf_architecture(meta: Mapping[str, Any]) -> str:
+    arch = meta.get("general.architecture")
+    if arch not in GGUF_ARCHS:
+        raise UnsupportedModelError(f"unsupported GGUF architecture {arch!r}; supported: {list(GGUF_ARCHS)}")
+    _reject_gguf_features(meta, arch)
+    return arch
 
 
 def _as_ids(value) -> tuple[int, ...]:

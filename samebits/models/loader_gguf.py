@@ -18,7 +18,7 @@ from gguf.quants import dequantize
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as _Backend
 
-from samebits.models.config import ModelConfig, UnsupportedModelError
+from samebits.models.config import ModelConfig, UnsupportedModelError, check_gguf_architecture
 from samebits.models.llama import LlamaModel
 from samebits.models.tokenizer import Tokenizer
 
@@ -74,6 +74,7 @@ def read_metadata(reader: GGUFReader) -> dict:
 
 
 def gguf_config(reader: GGUFReader, meta: dict) -> ModelConfig:
+    check_gguf_architecture(meta)
     names = {t.name: t for t in reader.tensors}
     if "rope_freqs.weight" in names:
         raise UnsupportedModelError("unsupported GGUF feature: rope_freqs tensor (Llama-3.1 rope scaling); "

@@ -65,7 +65,7 @@ def write_tiny_checkpoint(path, variant: str = "llama3", seed: int = 0, sharded:
     tensors = random_weights(config, seed, getattr(torch, hf["torch_dtype"]))
     _write_json(path / "config.json", hf)
     _write_safetensors(path, tensors, sharded)
-    _write_tokenizer(path, hf)
+    write_tokenizer_files(path, hf)
     return path
 
 
@@ -136,7 +136,9 @@ def build_tokenizer() -> _Backend:
     return tok
 
 
-def _write_tokenizer(path: Path, hf: dict) -> None:
+def write_tokenizer_files(path: Path, hf: dict) -> None:
+    """tokenizer.json, tokenizer_config.json (ChatML template) and generation_config.json for a tiny HF config."""
+    path = Path(path)
     tok = build_tokenizer()
     if tok.get_vocab_size() > hf["vocab_size"]:
         raise ValueError(f"vocab_size {hf['vocab_size']} is smaller than the tiny tokenizer's {tok.get_vocab_size()}")
