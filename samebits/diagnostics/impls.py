@@ -1,7 +1,7 @@
 """The implementations a probe compares: `vendor` (torch as shipped) and `samebits` (the deterministic kernel registry).
 
-Both expose one small surface so every probe runs the same code against either: linear, rms_norm, log_softmax, softmax
-and a dense attention `attend(q[B,Hq,Lq,D], k[B,Hkv,Lk,D], v, scale)` where query i sits at position Lk - Lq + i.
+Both expose one small surface so every probe runs the same code against either: linear, rms_norm, log_softmax, softmax,
+sum (of all elements) and a dense attention `attend(q[B,Hq,Lq,D], k[B,Hkv,Lk,D], v, scale)` where query i sits at position Lk - Lq + i.
 """
 from __future__ import annotations
 
@@ -45,6 +45,9 @@ class VendorOps:
     def softmax(self, x, dim=-1):
         return x.float().softmax(dim)
 
+    def sum(self, x):
+        return x.sum()
+
     def attend(self, q, k, v, scale):
         import torch.nn.functional as F
 
@@ -80,6 +83,11 @@ class SamebitsOps:
 
     def softmax(self, x, dim=-1):
         return self._op("softmax")(x, dim)
+
+    def sum(self, x):
+        from samebits.kernels import det_sum
+
+        return det_sum(x)
 
     def attend(self, q, k, v, scale):
         from samebits.kernels.attention import AttentionMetadata, paged_attention

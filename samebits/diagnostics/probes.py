@@ -17,8 +17,8 @@ BATCH_SWEEP = (1, 2, 3, 4, 8, 16, 32, 33, 64, 128, 256, 512, 1024, 2048)
 
 @dataclass(frozen=True)
 class Sizes:
-    matmul_k: int = 1024
-    matmul_n: int = 1024
+    matmul_k: int = 512
+    matmul_n: int = 512
     matmul_m: tuple = BATCH_SWEEP
     runs: int = 50
     run_matmul_m: int = 64
@@ -28,16 +28,16 @@ class Sizes:
     attn_heads: int = 8
     attn_kv_heads: int = 8
     attn_dim: int = 64
-    attn_ctx: int = 256
+    attn_ctx: int = 128
     attn_batches: tuple = (1, 2, 4, 8, 16, 32)
     prefill_lens: tuple = (16, 64, 256)
     norm_hidden: int = 1024
     norm_rows: tuple = (1, 2, 3, 4, 8, 16, 32, 33, 64, 128, 256, 512, 1024)
     model: LlamaShape = LlamaShape()
-    prompts: int = 8
-    prompts_alone: int = 8
+    prompts: int = 6
+    prompts_alone: int = 6
     prompt_len: int = 8
-    gen_tokens: int = 8
+    gen_tokens: int = 6
 
 
 DEFAULT = Sizes()
@@ -151,7 +151,7 @@ def probe_run_sum(impl: Impl, ctx: Ctx) -> list[ProbeResult]:
     import torch
 
     v = ctx.randn(ctx.sizes.sum_n, dtype=torch.float32)
-    ms, runs_differ = repeat_runs(lambda: v.sum().view(1), ctx.sizes.runs)
+    ms, runs_differ = repeat_runs(lambda: impl.ops.sum(v).view(1), ctx.sizes.runs)
     return [result("run_to_run_sum", impl, torch.float32, "runs", [ctx.sizes.runs], ms,
                    f"sum of {ctx.sizes.sum_n} floats", runs_differing=runs_differ)]
 
@@ -300,7 +300,7 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("fp32_associativity", probe_associativity, ("float32",), "order", samebits="arithmetic, not a kernel"),
     Probe("matmul_batch", probe_matmul_batch, ("bfloat16", "float32"), "batch"),
     Probe("run_to_run_matmul", probe_run_matmul, ("bfloat16",), "runs"),
-    Probe("run_to_run_sum", probe_run_sum, ("float32",), "runs", samebits=NO_OP),
+    Probe("run_to_run_sum", probe_run_sum, ("float32",), "runs"),
     Probe("run_to_run_index_add", probe_run_index_add, ("float32",), "runs", samebits=NO_OP),
     Probe("run_to_run_splitk_atomic", probe_run_splitk_atomic, ("bfloat16",), "runs", needs_cuda=True),
     Probe("attention_decode_batch", probe_attention_decode, ("bfloat16",), "batch"),
@@ -334,6 +334,12 @@ def run_one(probe: Probe, impl: Impl, ctx: Ctx) -> list[ProbeResult]:
             return probe.fn(impl, ctx)
     except (ImportError, NotBuilt) as e:
         return not_applicable(probe, impl.name, f"not built ({e})")
+    except RuntimeError as e:
+        # The kernels refuse (rather than fall back on) shapes and dtypes they have no invariant path for: that is
+        # a measured answer for this cell, not a crash of the whole report. Anything else still propagates.
+        if not type(e).__module__.startswith("samebits.kernels"):
+            raise
+        return not_applicable(probe, impl.name, f"unsupported: {e}")
 
 
 def select(only: str | None) -> list[Probe]:
