@@ -45,8 +45,8 @@ def template(config: ServerConfig):
         return
     from samebits.runtime import RuntimeTemplateError, deterministic_runtime
 
-    ctx = deterministic_runtime()
     try:
+        ctx = deterministic_runtime()
         ctx.__enter__()
     except RuntimeTemplateError as e:
         raise ServeError(f"refusing to start in deterministic mode: the deployment template cannot be applied: {e}"
