@@ -148,3 +148,7 @@ def __getattr__(name):
 
         return getattr(registry, name)
     raise AttributeError(f"module 'samebits.kernels' has no attribute {name!r}")
+
+
+# The public functions by name: `samebits.kernels.matmul`/`.softmax` become modules once those submodules load.
+_PUBLIC = {"matmul": matmul, "softmax": softmax}

@@ -71,3 +71,19 @@ def in_row_blocks(fn, rows: int, *tensors):
     if isinstance(outs[0], tuple):
         return tuple(torch.cat(parts)[:m] for parts in zip(*outs))
     return torch.cat(outs)[:m]
+
+
+def callable_as_public(module_name: str, fn_name: str) -> None:
+    """Make module `samebits.kernels.<fn_name>` callable as the public function of the same name.
+
+    Importing a submodule rebinds the package attribute of that name to the module, so after
+    `import samebits.kernels.matmul` the name `samebits.kernels.matmul` is the module: calling it must still work.
+    """
+    import sys
+    import types
+
+    class _PublicModule(types.ModuleType):
+        def __call__(self, *args, **kwargs):
+            return sys.modules["samebits.kernels"]._PUBLIC[fn_name](*args, **kwargs)
+
+    sys.modules[module_name].__class__ = _PublicModule

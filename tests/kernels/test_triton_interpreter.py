@@ -1,0 +1,118 @@
+"""The Triton kernels on small shapes: under TRITON_INTERPRET=1 on CPU, natively where CUDA exists."""
+import importlib
+
+import pytest
+import torch
+
+from samebits.diagnostics.compare import assert_same_bits
+from tests.kernels.helpers import REL_TOL, assert_close_to_ref, fresh_generator, rand
+
+pytestmark = pytest.mark.interpreter
+pytest.importorskip("triton")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# The interpreter converts fp32 -> bf16 by truncation, not round-to-nearest; rms_norm rounds twice: two ulps.
+TOL = {**REL_TOL, **({torch.bfloat16: 2 ** -6} if DEV == "cpu" else {})}
+SMALL_TILE = [0, 16, 32, 32, 4, 2, 1]  # [max_M, BM, BN, BK, warps, stages, GROUP_M]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _mod(name):
+    return importlib.import_module(f"samebits.kernels.{name}")
+
+
+def _close(out, ref, dtype, what):
+    err = (out.double() - ref).abs().max().item()
+    bound = TOL[dtype] * ref.abs().max().item()
+    assert err <= bound, f"{what}: max |err| {err:.3e} > {bound:.3e} ({dtype})"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [96, 95])
+def test_matmul_values(dtype, k):
+    mm, g = _mod("matmul"), fresh_generator()
+    x, w, b = rand((37, k), dtype, g, DEV), rand((80, k), dtype, g, DEV, k ** -0.5), rand((80,), dtype, g, DEV)
+    ref = (x.double() @ w.double().t() + b.double()).cpu()
+    _close(mm.linear(x, w, b, config=SMALL_TILE).cpu(), ref, dtype, "linear small tile")
+    _close(mm.matmul(x, w.t().contiguous()).cpu(), ref - b.double().cpu(), dtype, "matmul default tile")
+
+
+def test_matmul_fixed_tile_is_batch_invariant():
+    # Rows past M wrap onto real rows and are never stored: a row's bits must not see its neighbours.
+    mm, g = _mod("matmul"), fresh_generator()
+    w = rand((40, 64), torch.float32, g, DEV)
+    row = rand((64,), torch.float32, g, DEV)
+    alone = mm.linear(row[None], w, config=SMALL_TILE)[0]
+    for m in (2, 15, 16, 17, 33):
+        x = rand((m, 64), torch.float32, g, DEV)
+        p = int(torch.randint(0, m, (1,), generator=g))
+        x[p] = row
+        assert_same_bits(mm.linear(x, w, config=SMALL_TILE)[p], alone, f"triton linear M={m} slot {p}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_values(dtype):
+    rn, g = _mod("rmsnorm"), fresh_generator()
+    x, w, r = rand((9, 200), dtype, g, DEV, 3.0), rand((200,), dtype, g, DEV), rand((9, 200), dtype, g, DEV)
+    ref = lambda t: (t.double() * torch.rsqrt(t.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double())  # noqa
+    _close(rn.rms_norm(x, w, 1e-6).cpu(), ref(x).cpu(), dtype, "rms_norm")
+    normed, s = rn.add_rms_norm(x, r, w, 1e-6)
+    _close(s.cpu(), (x.double() + r.double()).cpu(), dtype, "add_rms_norm sum")
+    _close(normed.cpu(), ref(s).cpu(), dtype, "add_rms_norm")
+
+
+def test_rms_norm_rows_independent():
+    rn, g = _mod("rmsnorm"), fresh_generator()
+    w, row = rand((300,), torch.float32, g, DEV), rand((300,), torch.float32, g, DEV)
+    alone = rn.rms_norm(row[None], w, 1e-5)[0]
+    x = rand((7, 300), torch.float32, g, DEV)
+    x[4] = row
+    assert_same_bits(rn.rms_norm(x, w, 1e-5)[4], alone, "triton rms_norm")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [50, 5000])
+def test_softmax_values(dtype, n):
+    sm, g = _mod("softmax"), fresh_generator()
+    x = rand((5, n), dtype, g, DEV, 4.0)
+    ref = torch.softmax(x.double(), -1).cpu()
+    assert_close_to_ref(sm.softmax(x).cpu(), ref, torch.float32, "softmax")
+    lref = torch.log_softmax(x.double(), -1).cpu()
+    assert (sm.log_softmax(x).cpu().double() - lref).abs().max() < 1e-5 * (1 + x.float().abs().max().item())
+    masked = x.clone()
+    masked[:, : n // 2] = float("-inf")
+    assert_close_to_ref(sm.softmax(masked).cpu(), torch.softmax(masked.double(), -1).cpu(), torch.float32, "masked")
+
+
+def test_softmax_rows_independent():
+    sm, g = _mod("softmax"), fresh_generator()
+    row = rand((5000,), torch.float32, g, DEV, 3.0)
+    x = rand((3, 5000), torch.float32, g, DEV, 3.0)
+    x[2] = row
+    assert_same_bits(sm.log_softmax(x)[2], sm.log_softmax(row[None])[0], "triton log_softmax")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_det_sum_values_and_rows(dtype):
+    rd, g = _mod("reduce"), fresh_generator()
+    x = rand((3, 3001), dtype, g, DEV)
+    out = rd.det_sum_rows(x)
+    assert out.dtype == torch.float32
+    assert (out.cpu().double() - x.double().sum(-1).cpu()).abs().max() <= 1e-6 * x.double().abs().sum().item()
+    assert_same_bits(rd.det_sum_rows(x[1:2])[0], out[1], "triton det_sum row")
+
+
+def test_launchers_check_their_inputs():
+    mm = _mod("matmul")
+    with pytest.raises(AssertionError, match="inner dims"):
+        mm.matmul(torch.ones(2, 3, device=DEV), torch.ones(4, 5, device=DEV))
+    with pytest.raises(AssertionError, match="dtypes"):
+        mm.matmul(torch.ones(2, 3, device=DEV, dtype=torch.float64), torch.ones(3, 5, device=DEV, dtype=torch.float64))
+
+
+def test_public_names_survive_submodule_import():
+    import samebits.kernels as K
+
+    _mod("matmul"), _mod("softmax")
+    x = torch.randn(3, 4)
+    assert torch.equal(K.matmul(x, x.t()), K.cpu.matmul(x, x.t()))
+    assert torch.equal(K.softmax(x), K.cpu.softmax(x))
