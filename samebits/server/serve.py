@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import socket
+import threading
+import time
 
 from samebits.server.config import ServerConfig
 
@@ -65,3 +68,35 @@ def serve(config: ServerConfig) -> None:
     with template(config):
         app = build_app(build_async_engine(config), config)
         uvicorn.Server(uvicorn_config(app, config)).run()
+
+
+class ServerThread:
+    """uvicorn in a background thread on a socket bound before it starts (port 0 = a free port, no race); for
+    tests and benchmarks that drive a real server from the same process."""
+
+    def __init__(self, app, config: ServerConfig, start_timeout_s: float = 60.0):
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((config.host, config.port))
+        self.server = uvicorn.Server(uvicorn_config(app, config))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
+                                       name="samebits-uvicorn")
+        self.thread.start()
+        self._wait_started(start_timeout_s)
+        host, port = self.sock.getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+
+    def _wait_started(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise ServeError("uvicorn did not start")
+            time.sleep(0.02)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            raise ServeError("uvicorn did not stop")

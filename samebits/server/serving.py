@@ -91,6 +91,13 @@ def map_error(e: BaseException) -> APIError:
     return APIError(500, f"internal error: {type(e).__name__}", "server_error", None, "internal_error")
 
 
+def _vocab_size(engine) -> int:
+    # The model's vocabulary bounds token ids; the tokenizer's can be smaller (padded embeddings) or larger.
+    model_config = getattr(getattr(engine, "loaded", None), "config", None)
+    size = getattr(engine, "vocab_size", None) or getattr(model_config, "vocab_size", None)
+    return int(size or engine.tokenizer.vocab_size)
+
+
 class ServerState:
     def __init__(self, async_engine, config):
         engine = async_engine.engine
@@ -98,7 +105,7 @@ class ServerState:
         self.config = config
         self.tokenizer = engine.tokenizer
         self.max_model_len = int(engine.max_model_len)
-        self.vocab_size = int(getattr(engine, "vocab_size", None) or self.tokenizer.vocab_size)
+        self.vocab_size = _vocab_size(engine)
         self.fingerprint = dict(engine.fingerprint())
         self.headers = numerics_headers(self.fingerprint, config.mode)
         self.metrics = Metrics(async_engine)

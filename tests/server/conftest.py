@@ -1,9 +1,6 @@
 """Real uvicorn servers on 127.0.0.1 (a socket bound to port 0, so no port races), one per fixture."""
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from dataclasses import dataclass
 
 import httpx
@@ -12,7 +9,7 @@ import pytest
 from samebits.engine.async_engine import AsyncEngine
 from samebits.server.app import build_app
 from samebits.server.config import ServerConfig
-from samebits.server.serve import uvicorn_config
+from samebits.server.serve import ServerThread
 from tests.server.fake_engine import FakeLLMEngine
 
 MODEL_NAME = "tiny"
@@ -24,8 +21,7 @@ class LiveServer:
     app: object
     async_engine: AsyncEngine
     config: ServerConfig
-    server: object
-    thread: threading.Thread
+    thread: ServerThread
 
     @property
     def engine(self):
@@ -38,29 +34,15 @@ class LiveServer:
         return httpx.get(f"{self.url}/health", timeout=10).status_code == 200
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        assert not self.thread.is_alive(), "uvicorn did not stop"
+        self.thread.stop()
 
 
 def start_server(engine, **overrides) -> LiveServer:
-    import uvicorn
-
     config = ServerConfig(**{"model": MODEL_NAME, "port": 0, "log_level": "warning", **overrides})
     async_engine = AsyncEngine(engine, max_waiting=config.max_waiting)
     app = build_app(async_engine, config)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn_config(app, config))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    return LiveServer(url, app, async_engine, config, server, thread)
+    thread = ServerThread(app, config)
+    return LiveServer(thread.url, app, async_engine, config, thread)
 
 
 def make_engine(model_dir):
