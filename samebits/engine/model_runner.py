@@ -1,0 +1,135 @@
+"""Turns one scheduled step into one model call: flatten the scheduled tokens, run, sample the rows that end a prompt."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from samebits.engine.config import EngineConfig
+from samebits.engine.sampler import Sampler
+from samebits.kernels.attention import AttentionMetadata
+from samebits.kernels.kv_cache import allocate_kv_cache
+
+# KV pool when kv_cache_tokens is not set: a fixed size on CPU, a share of free memory on GPU.
+CPU_KV_TOKENS = 16384
+GPU_KV_MEMORY_FRACTION = 0.80
+
+
+@dataclass
+class StepResult:
+    token_id: int
+    logprob: float
+    top_logprobs: dict[int, float]
+
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * elem
+
+
+def choose_num_blocks(engine_config: EngineConfig, model_config, dtype: torch.dtype, device: torch.device) -> int:
+    bs = engine_config.block_size
+    if engine_config.kv_cache_tokens is not None:
+        return engine_config.kv_cache_tokens // bs
+    if device.type != "cuda":
+        return CPU_KV_TOKENS // bs
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free * GPU_KV_MEMORY_FRACTION) // (kv_bytes_per_token(model_config, dtype) * bs)
+
+
+class ModelRunner:
+    def __init__(self, engine_config: EngineConfig, loaded):
+        self.config = engine_config
+        self.model = loaded.model
+        self.model_config = loaded.config
+        self.device = self.model.device
+        self.dtype = self.model.dtype
+        self.block_size = engine_config.block_size
+        self.num_blocks = choose_num_blocks(engine_config, self.model_config, self.dtype, self.device)
+        mc = self.model_config
+        # One block past the managed pool is scratch: bucketed padding rows write their KV there.
+        self.scratch_block = self.num_blocks
+        self.kv_caches = allocate_kv_cache(mc.num_layers, self.num_blocks + 1, self.block_size, mc.num_kv_heads,
+                                           mc.head_dim, self.dtype, self.device)
+        self.sampler = Sampler(self.model.ops)
+
+    def set_ops(self, ops) -> None:
+        self.model.set_ops(ops)
+        self.sampler = Sampler(ops)
+
+    def _pad_rows(self, scheduled, batch_pad_to: int) -> list[int]:
+        """Token counts of the dummy sequences bucketed padding adds: one per padded prefill, 1-token decode rows."""
+        pads = [s.pad_to - s.num_new_tokens for s in scheduled if s.pad_to > s.num_new_tokens]
+        return pads + [1] * max(0, batch_pad_to - len(scheduled))
+
+    def _flatten(self, scheduled, pads: list[int]):
+        ids, pos, q_lens, ctx_lens, tables = [], [], [], [], []
+        for s in scheduled:
+            ids += s.token_ids
+            pos += range(s.start, s.context_len)
+            q_lens.append(s.num_new_tokens)
+            ctx_lens.append(s.context_len)
+            tables.append(s.seq.block_table)
+        for k in pads:
+            # A dummy sees only itself; its rows wrap onto the one scratch block, whose contents nobody reads.
+            ids += [0] * k
+            pos += range(k)
+            q_lens.append(k)
+            ctx_lens.append(k)
+            tables.append([self.scratch_block] * -(-k // self.block_size))
+        return ids, pos, q_lens, ctx_lens, tables
+
+    @torch.inference_mode()
+    def forward(self, scheduled, batch_pad_to: int = 0) -> torch.Tensor:
+        """Hidden states [T, H] of every scheduled token in schedule order, then any padding rows."""
+        ids, pos, q_lens, ctx_lens, tables = self._flatten(scheduled, self._pad_rows(scheduled, batch_pad_to))
+        meta = AttentionMetadata.build(q_lens, ctx_lens, tables, self.block_size, self.device)
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        positions = torch.tensor(pos, dtype=torch.int64, device=self.device)
+        return self.model.forward(input_ids, positions, self.kv_caches, meta)
+
+    @torch.inference_mode()
+    def execute(self, output) -> dict[int, StepResult]:
+        """Run one scheduled step; results for the sequences whose chunk reaches their last token, by seq_id."""
+        scheduled = output.scheduled
+        if not scheduled:
+            return {}
+        hidden = self.forward(scheduled, output.batch_pad_to)
+        ends = torch.tensor(self._row_ends(scheduled), device=self.device).cumsum(0) - 1
+        sampling = [i for i, s in enumerate(scheduled) if s.sample]
+        if not sampling:
+            return {}
+        rows = ends[torch.tensor(sampling, device=self.device)]
+        logits = self.model.compute_logits(hidden.index_select(0, rows))
+        return self._sample(logits, [scheduled[i].seq for i in sampling])
+
+    @staticmethod
+    def _row_ends(scheduled) -> list[int]:
+        return [s.num_new_tokens for s in scheduled]
+
+    def _sample(self, logits: torch.Tensor, seqs) -> dict[int, StepResult]:
+        p = [s.params for s in seqs]
+        k = max((x.logprobs or 0) for x in p)
+        out = self.sampler(logits, [x.temperature for x in p], [x.top_k for x in p], [x.top_p for x in p],
+                           [x.min_p for x in p], [s.seed for s in seqs], [s.sample_index for s in seqs],
+                           [s.num_tokens for s in seqs], num_top_logprobs=k)
+        return self._results(out, seqs)
+
+    @staticmethod
+    def _results(out, seqs) -> dict[int, StepResult]:
+        tokens, lps = out.token_ids.tolist(), out.logprobs.cpu()
+        ids, vals = out.top_logprob_ids.tolist(), out.top_logprobs.cpu()
+        results = {}
+        for i, s in enumerate(seqs):
+            k = s.params.logprobs or 0
+            top = {ids[i][j]: float(vals[i, j]) for j in range(k)}
+            results[s.seq_id] = StepResult(tokens[i], float(lps[i]), top)
+        return results
+
+    @torch.inference_mode()
+    def score_rows(self, item, skip: int, targets: list[int]) -> list[float]:
+        """Teacher-forced logprobs of targets by rows skip.. of one chunk, through the sampler's own log_softmax."""
+        hidden = self.forward([item])[skip:skip + len(targets)]
+        logprobs = self.model.ops.log_softmax(self.model.compute_logits(hidden), dim=-1)
+        picked = logprobs.gather(1, torch.tensor(targets, device=self.device)[:, None])[:, 0]
+        return [float(x) for x in picked.cpu()]

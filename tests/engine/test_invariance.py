@@ -1,0 +1,148 @@
+"""Issue 6's proof on CPU: token ids and logprob bits of a request never depend on the rest of the load."""
+import random
+
+import pytest
+import torch
+
+from samebits.engine.llm import LLM
+from samebits.engine.sampling_params import SamplingParams
+from samebits.models.testing import write_tiny_checkpoint
+
+# Wide enough that vendor CPU matmuls change their blocking with M (the negative control needs that).
+SHAPE = dict(hidden_size=256, intermediate_size=512, vocab_size=1024, num_attention_heads=4, num_key_value_heads=2)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return str(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "llama3", seed=1, **SHAPE))
+
+
+@pytest.fixture(scope="module")
+def llm(ckpt):
+    return LLM(model=ckpt, mode="deterministic", device="cpu", kv_cache_tokens=16384, max_num_batched_tokens=256)
+
+
+@pytest.fixture(scope="module")
+def fast(ckpt):
+    return LLM(model=ckpt, mode="fast", device="cpu", kv_cache_tokens=16384, max_num_batched_tokens=256)
+
+
+def prompts(n: int, seed: int, lo: int = 3, hi: int = 60) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 1024) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def key(out) -> list[tuple]:
+    """Token ids and the exact float32 bits of every logprob, per sample."""
+    return [(tuple(c.token_ids), torch.tensor(c.logprobs, dtype=torch.float32).view(torch.int32).tolist())
+            for c in out.outputs]
+
+
+def run(llm, ps, params) -> list:
+    return [key(o) for o in llm.generate(ps, params, use_tqdm=False)]
+
+
+SAMPLED = SamplingParams(temperature=0.8, seed=7, max_tokens=6, logprobs=0, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, logprobs=0, ignore_eos=True)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "t0.8"])
+def test_run_to_run_20_repeats(llm, params):
+    ps = prompts(3, seed=1)
+    first = run(llm, ps, params)
+    for _ in range(19):
+        assert run(llm, ps, params) == first
+
+
+def needle_mismatches(llm, trials: int = 3) -> int:
+    rng, bad = random.Random(5), 0
+    params = SamplingParams(temperature=0.7, seed=11, max_tokens=4, logprobs=0, ignore_eos=True)
+    for trial in range(trials):
+        needle = prompts(1, seed=100 + trial, lo=20, hi=40)[0]
+        alone = run(llm, [needle], params)[0]
+        batch = prompts(rng.randint(64, 96), seed=200 + trial)
+        at = rng.randrange(len(batch) + 1)
+        batch.insert(at, needle)
+        bad += run(llm, batch, params)[at] != alone
+    return bad
+
+
+def test_needle_alone_vs_inside_64_to_96_fillers(llm):
+    assert needle_mismatches(llm) == 0
+
+
+def alone_vs_together_mismatches(llm, n: int = 32) -> int:
+    ps = prompts(n, seed=3)
+    params = SamplingParams(temperature=0.6, seed=21, max_tokens=4, logprobs=0, ignore_eos=True)
+    alone = [run(llm, [p], params)[0] for p in ps]
+    return sum(a != b for a, b in zip(alone, run(llm, ps, params)))
+
+
+def test_bs1_vs_bs32(llm):
+    assert alone_vs_together_mismatches(llm) == 0
+
+
+def test_chunked_prefill_replicated_at_many_batch_sizes(ckpt):
+    small = LLM(model=ckpt, mode="deterministic", device="cpu", kv_cache_tokens=16384, max_num_batched_tokens=48)
+    long_prompt = prompts(1, seed=9, lo=150, hi=150)[0]  # > 3 budgets: cut at several boundaries
+    ref = run(small, [long_prompt], SAMPLED)[0]
+    for bs in [2, 3, 5, 7, 10, 15, 16, 17]:
+        assert all(k == ref for k in run(small, [long_prompt] * bs, SAMPLED)), f"batch {bs}"
+
+
+def test_prefix_cache_cold_vs_hot_and_mixed_prefixes(ckpt):
+    cached = LLM(model=ckpt, mode="deterministic", device="cpu", kv_cache_tokens=16384, max_num_batched_tokens=256)
+    uncached = LLM(model=ckpt, mode="deterministic", device="cpu", kv_cache_tokens=16384,
+                   max_num_batched_tokens=256, enable_prefix_caching=False)
+    rng = random.Random(2)
+    base = prompts(1, seed=4, lo=100, hi=100)[0]
+    ps = [base[:rng.choice([17, 33, 48, 64, 90])] + prompts(1, seed=50 + i, lo=2, hi=9)[0] for i in range(12)]
+    cold = run(uncached, ps, SAMPLED)
+    warm_outs = cached.generate(ps, SAMPLED, use_tqdm=False)
+    hot_outs = cached.generate(ps, SAMPLED, use_tqdm=False)
+    assert all(o.num_cached_tokens > 0 for o in hot_outs)
+    assert [key(o) for o in warm_outs] == cold
+    assert [key(o) for o in hot_outs] == cold
+
+
+def test_generate_logprobs_equal_teacher_forced_score(llm):
+    ps = prompts(4, seed=6)
+    for p, out in zip(ps, llm.generate(ps, SAMPLED, use_tqdm=False)):
+        c = out.outputs[0]
+        scored = llm.score(p, c.token_ids)
+        assert torch.equal(torch.tensor(scored, dtype=torch.float32), torch.tensor(c.logprobs, dtype=torch.float32))
+
+
+def test_preemption_gives_the_same_outputs(ckpt):
+    ample = LLM(model=ckpt, mode="deterministic", device="cpu", kv_cache_tokens=16384, max_num_batched_tokens=128)
+    tight = LLM(model=ckpt, mode="deterministic", device="cpu", kv_cache_tokens=512, max_model_len=256,
+                max_num_batched_tokens=128)
+    ps = prompts(10, seed=8, lo=40, hi=70)
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=24, logprobs=0, ignore_eos=True)
+    assert run(tight, ps, params) == run(ample, ps, params)
+    assert tight.engine.scheduler.num_preemptions > 0
+
+
+def test_seeds(llm):
+    p = prompts(1, seed=12)
+    base = dict(temperature=1.0, max_tokens=8, logprobs=0, ignore_eos=True)
+    a = run(llm, p, SamplingParams(seed=1, **base))[0]
+    assert run(llm, p, SamplingParams(seed=1, **base))[0] == a
+    assert run(llm, p, SamplingParams(seed=2, **base))[0] != a
+    samples = run(llm, p, SamplingParams(seed=1, n=4, **base))[0]
+    assert len({s[0] for s in samples}) == 4
+    assert samples[0] == a[0]  # sample 0 of n is the n=1 sample: the key is (seed, sample index, position)
+
+
+def test_drawn_seed_is_reported_and_replays(llm):
+    p = prompts(1, seed=13)
+    out = llm.generate(p, SamplingParams(temperature=1.0, max_tokens=6, logprobs=0, ignore_eos=True),
+                       use_tqdm=False)[0]
+    replay = llm.generate(p, SamplingParams(temperature=1.0, max_tokens=6, logprobs=0, ignore_eos=True,
+                                            seed=out.seed), use_tqdm=False)[0]
+    assert key(replay) == key(out)
+
+
+def test_negative_control_fast_mode_is_caught(fast):
+    """Vendor CPU kernels change with the batch: the same comparisons that pass above must catch it."""
+    assert needle_mismatches(fast) + alone_vs_together_mismatches(fast) > 0
