@@ -80,7 +80,7 @@ def probe_command(device: str, full: bool, json_path: Path | None, plot_path: Pa
                   fail: Callable[[str], None]) -> dict:
     from samebits.diagnostics.impls import all_impls
     from samebits.diagnostics.probes import DEFAULT, FULL
-    from samebits.diagnostics.report import build_report, table
+    from samebits.diagnostics.report import build_report, errors, table
     from samebits.runtime import fingerprint
 
     try:
@@ -95,4 +95,6 @@ def probe_command(device: str, full: bool, json_path: Path | None, plot_path: Pa
         _write_outputs(report, json_path, plot_path)
     except OSError as e:
         fail(f"cannot write output: {e.strerror or e}")
+    if errors(report):
+        fail(f"{len(errors(report))} probe cell(s) raised instead of measuring; see the ERROR cells above", 1)
     return report

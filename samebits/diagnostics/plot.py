@@ -12,7 +12,7 @@ def write_plot(report: dict, path: Path) -> int:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    lines = [r for r in report["probes"] if r["axis"] == "batch" and r["verdict"] != "n/a"]
+    lines = [r for r in report["probes"] if r["axis"] == "batch" and r["sizes"]]
     for r in lines:
         style = "-" if r["implementation"] == "vendor" else "--"
         ax.plot(r["sizes"], r["mismatch_fraction"], style, marker="o", markersize=3,

@@ -34,8 +34,8 @@ class Sizes:
     norm_hidden: int = 1024
     norm_rows: tuple = (1, 2, 3, 4, 8, 16, 32, 33, 64, 128, 256, 512, 1024)
     model: LlamaShape = LlamaShape()
-    prompts: int = 6
-    prompts_alone: int = 6
+    prompts: int = 4
+    prompts_alone: int = 4
     prompt_len: int = 8
     gen_tokens: int = 6
 
@@ -311,8 +311,8 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
 )}
 
 
-def not_applicable(probe: Probe, impl_name: str, why: str) -> list[ProbeResult]:
-    return [ProbeResult(probe.name, impl_name, dt, probe.axis, [], [], [], "n/a", why) for dt in probe.dtypes]
+def not_applicable(probe: Probe, impl_name: str, why: str, verdict: str = "n/a") -> list[ProbeResult]:
+    return [ProbeResult(probe.name, impl_name, dt, probe.axis, [], [], [], verdict, why) for dt in probe.dtypes]
 
 
 def _skip_reason(probe: Probe, impl: Impl, ctx: Ctx) -> str:
@@ -338,8 +338,16 @@ def run_one(probe: Probe, impl: Impl, ctx: Ctx) -> list[ProbeResult]:
         # The kernels refuse (rather than fall back on) shapes and dtypes they have no invariant path for: that is
         # a measured answer for this cell, not a crash of the whole report. Anything else still propagates.
         if not type(e).__module__.startswith("samebits.kernels"):
-            raise
+            return _errored(probe, impl, e)
         return not_applicable(probe, impl.name, f"unsupported: {e}")
+    except Exception as e:  # noqa: BLE001 - see _errored
+        return _errored(probe, impl, e)
+
+
+def _errored(probe: Probe, impl: Impl, e: Exception) -> list[ProbeResult]:
+    """A crash in one cell (a kernel that fails to compile, out of memory) is reported as that cell's verdict, so a
+    long GPU run still yields the rest of the report; the command then exits non-zero."""
+    return not_applicable(probe, impl.name, f"{type(e).__name__}: {e}".splitlines()[0][:300], verdict="error")
 
 
 def select(only: str | None) -> list[Probe]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from samebits.diagnostics.probes import ProbeResult
 
 SCHEMA_VERSION = 1
-VERDICTS = ("invariant", "variant", "n/a")
+VERDICTS = ("invariant", "variant", "n/a", "error")
 
 
 def build_report(device: str, fingerprint: dict, results: list[ProbeResult], full: bool, elapsed_s: float) -> dict:
@@ -37,7 +38,9 @@ def cell(r: dict | None) -> str:
     if r is None:
         return ""
     if r["verdict"] == "n/a":
-        return f"[dim]n/a ({r['note']})[/]"
+        return f"[dim]n/a ({escape(r['note'])})[/]"
+    if r["verdict"] == "error":
+        return f"[bold magenta]ERROR[/] {escape(r['note'])}"
     if r["verdict"] == "invariant":
         return f"[green]invariant[/] {_counted(r)}"
     if r["axis"] in ("order", "prompts"):
@@ -60,7 +63,7 @@ def table(report: dict) -> Table:
 
 
 def _compared(by_impl: dict) -> str:
-    measured = [r for r in by_impl.values() if r["verdict"] != "n/a"]
+    measured = [r for r in by_impl.values() if r["sizes"]]
     if not measured:
         return ""
     r = measured[0]
@@ -69,3 +72,7 @@ def _compared(by_impl: dict) -> str:
 
 def _span(sizes: list) -> str:
     return str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}…{sizes[-1]}"
+
+
+def errors(report: dict) -> list[dict]:
+    return [r for r in report["probes"] if r["verdict"] == "error"]

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LlamaShape:
+    # head_dim 64: a width the GPU attention kernel has a fixed tile for.
     vocab: int = 512
-    hidden: int = 128
-    intermediate: int = 352
+    hidden: int = 256
+    intermediate: int = 512
     layers: int = 2
     heads: int = 4
     kv_heads: int = 2

@@ -79,3 +79,17 @@ def test_write_failure_after_probing_is_one_line(tmp_path, monkeypatch):
     res = run("--only", "fp32_associativity", "--json", str(tmp_path / "x.json"))
     assert res.exit_code != 0 and "Traceback" not in res.output
     assert res.output.splitlines()[-1].startswith("error:") and "Permission denied" in res.output
+
+
+def test_error_cells_make_the_command_fail(tmp_path, monkeypatch):
+    from samebits.diagnostics.impls import VendorOps
+
+    def broken(self, *a, **k):
+        raise ZeroDivisionError("tile")
+
+    monkeypatch.setattr(VendorOps, "rms_norm", broken)
+    js = tmp_path / "p.json"
+    res = run("--only", "rms_norm_batch", "--json", str(js))
+    assert res.exit_code == 1 and "ERROR" in res.output
+    assert res.output.splitlines()[-1].startswith("error: 1 probe cell")
+    assert [p["verdict"] for p in json.loads(js.read_text())["probes"]] == ["error", "invariant"]

@@ -43,13 +43,17 @@ def test_probe_entry_schema(report):
         assert p["verdict"] in VERDICTS
         assert len(p["sizes"]) == len(p["mismatch_fraction"]) == len(p["max_abs_diff"])
         assert all(0.0 <= f <= 1.0 for f in p["mismatch_fraction"])
-        assert (p["verdict"] == "n/a") == (not p["sizes"]), p
-        assert p["verdict"] != "n/a" or p["note"], "an empty cell must say why"
+        assert (p["verdict"] in ("n/a", "error")) == (not p["sizes"]), p
+        assert p["sizes"] or p["note"], "an empty cell must say why"
+
+
+def test_nothing_errors_on_the_cpu(report):
+    assert [p for p in report["probes"] if p["verdict"] == "error"] == []
 
 
 def test_verdict_follows_the_numbers(report):
     for p in report["probes"]:
-        if p["verdict"] != "n/a":
+        if p["sizes"]:
             assert (p["verdict"] == "variant") == any(f > 0 for f in p["mismatch_fraction"])
 
 
@@ -71,7 +75,7 @@ def test_plot_is_a_png_with_the_batch_sweeps(report, tmp_path):
     path = tmp_path / "probe.png"
     lines = write_plot(report, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    measured = [p for p in report["probes"] if p["axis"] == "batch" and p["verdict"] != "n/a"]
+    measured = [p for p in report["probes"] if p["axis"] == "batch" and p["sizes"]]
     assert lines == len(measured) > 0
 
 
@@ -85,3 +89,24 @@ def test_mismatch_counts_signed_zero_and_nan():
     a = torch.tensor([0.0, float("nan"), 1.0])
     b = torch.tensor([-0.0, float("nan"), 1.0])
     assert mismatch(a, b).differing == 1
+
+
+class Broken(VendorOps):
+    def __init__(self, exc):
+        super().__init__(CPU)
+        self.exc = exc
+
+    def linear(self, x, w, bias=None):
+        raise self.exc
+
+
+def test_a_crashing_cell_is_reported_not_raised():
+    (r, _) = run_one(PROBES["matmul_batch"], Impl("samebits", Broken(ZeroDivisionError("tile"))), Ctx(CPU, TINY))
+    assert r.verdict == "error" and r.note == "ZeroDivisionError: tile" and r.sizes == []
+
+
+def test_a_kernel_refusal_is_not_applicable():
+    from samebits.kernels.common import UnsupportedOpError
+
+    (r, _) = run_one(PROBES["matmul_batch"], Impl("samebits", Broken(UnsupportedOpError("no fp64"))), Ctx(CPU, TINY))
+    assert r.verdict == "n/a" and r.note == "unsupported: no fp64"
