@@ -50,7 +50,7 @@ class AttentionMetadata:
         return self.context_lens.shape[0]
 
     @classmethod
-    def build(cls, query_lens, context_lens, block_tables, block_size: int, device=None) -> "AttentionMetadata":
+    def build(cls, query_lens, context_lens, block_tables, block_size: int, device=None) -> AttentionMetadata:
         """From host lists: query_lens[b] new tokens, context_lens[b] total tokens, block_tables[b] block ids."""
         query_lens, context_lens = [int(x) for x in query_lens], [int(x) for x in context_lens]
         tables = [list(map(int, t)) for t in (block_tables.tolist() if torch.is_tensor(block_tables) else block_tables)]
@@ -136,7 +136,7 @@ def _force_triton() -> bool:
 
 def _gather_kv(cache: torch.Tensor, table: torch.Tensor, ctx: int, tile: int) -> torch.Tensor:
     """[Hkv, ctx rounded up to `tile`, D] float32 copy of one sequence's cache rows, zero padded."""
-    nb, bs, h, d = cache.shape
+    _, bs, h, d = cache.shape
     n_blocks = -(-ctx // bs)
     rows = cache[table[:n_blocks].long()].reshape(n_blocks * bs, h, d)[:ctx].float()
     padded = rows.new_zeros(-(-ctx // tile) * tile, h, d)
@@ -146,7 +146,7 @@ def _gather_kv(cache: torch.Tensor, table: torch.Tensor, ctx: int, tile: int) ->
 
 def _query_chunk(q_seq: torch.Tensor, t0: int, tokens: int, rows: int, h_kv: int) -> torch.Tensor:
     """[Hkv, rows, D] float32: rows are (token, head-in-group) of tokens t0..t0+tokens-1, zero padded."""
-    t, hq, d = q_seq.shape
+    _, hq, d = q_seq.shape
     g = hq // h_kv
     part = q_seq[t0:t0 + tokens].float().reshape(tokens, h_kv, g, d).permute(1, 0, 2, 3).reshape(h_kv, tokens * g, d)
     out = part.new_zeros(h_kv, rows, d)
@@ -202,14 +202,14 @@ def _attend_chunk(qc, k_all, v_all, pos, scale, tile, split):
     for lo in range(0, last + 1, split):
         hi = min(lo + split, -(-(last + 1) // tile) * tile)
         run = fold_partials(run, _split_partial(qc, k_all, v_all, pos, lo, hi, tile, scale), (pos >= lo)[None, :])
-    m, l, acc = run
+    _, l, acc = run
     return acc / torch.where(l > 0, l, torch.ones_like(l))[..., None]
 
 
 def paged_attention_cpu(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, *, rows: int = CPU_QUERY_ROWS,
                         tile: int = CPU_KV_TILE, split: int = CPU_SPLIT_TOKENS) -> torch.Tensor:
     """Deterministic CPU path and the test reference; the keyword knobs exist for negative controls only."""
-    t, hq, d = q.shape
+    _, hq, d = q.shape
     h_kv = k_cache.shape[2]
     g = hq // h_kv
     tokens_per_chunk = rows // g
@@ -238,7 +238,7 @@ def paged_attention_cpu(q, k_cache, v_cache, meta: AttentionMetadata, scale: flo
 
 
 def _gather_seq(cache, table, ctx):
-    nb, bs, h, d = cache.shape
+    _, bs, h, d = cache.shape
     n_blocks = -(-ctx // bs)
     return cache[table[:n_blocks].long()].reshape(n_blocks * bs, h, d)[:ctx]
 

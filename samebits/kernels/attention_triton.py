@@ -19,6 +19,8 @@ _QT = TILE_CONFIGS["attention.query_tile"]["config"]
 BLOCK_M = _QT["rows"]
 NUM_WARPS = _QT["num_warps"]
 NUM_STAGES = _QT["num_stages"]
+# Pinned: Triton's default for contracting a*b+c into fma changes across versions (3.10 flips it), and it changes bits.
+FP_FUSION = _QT["fp_fusion"]
 BLOCK_N = TILE_CONFIGS["attention.kv_tile"]["config"]["tokens"]
 SPLIT = TILE_CONFIGS["attention.split_kv"]["config"]["tokens"]
 assert SPLIT % BLOCK_N == 0, "a split must hold whole KV tiles"
@@ -174,7 +176,7 @@ def _merge_splits_kernel(O, PM, PL, PACC, cu_seqlens_q, context_lens, n_split_gr
         m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_run = tl.zeros([BLOCK_M], tl.float32)
         acc_run = tl.zeros([BLOCK_M, D], tl.float32)
-        for s_idx in range(0, last // SPLIT + 1):
+        for s_idx in range(last // SPLIT + 1):
             live = pos >= s_idx * SPLIT
             p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx
             m = tl.load(PM + p_idx, mask=live, other=float("-inf"))
@@ -227,11 +229,11 @@ def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bo
         float(scale), n_split_grid, hq, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
         G=g, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=d, BS=bs, SPLIT=SPLIT, PARTIAL=parallel_splits,
-        UPCAST=upcast, IEEE=ieee, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        UPCAST=upcast, IEEE=ieee, num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=FP_FUSION)
     if parallel_splits:
         _merge_splits_kernel[grid[:2] + (h_kv,)](
             out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, n_split_grid, hq, out.stride(0), out.stride(1),
-            G=g, BLOCK_M=BLOCK_M, D=d, SPLIT=SPLIT, num_warps=NUM_WARPS)
+            G=g, BLOCK_M=BLOCK_M, D=d, SPLIT=SPLIT, num_warps=NUM_WARPS, enable_fp_fusion=FP_FUSION)
     return out
 
 
@@ -258,7 +260,7 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
         f"{what}: each token's [Hkv, D] must be contiguous"
     assert slot_mapping.device == k.device, f"{what}: slot_mapping must be on {k.device}"
     _write_kv_kernel[(t,)](k, v, k_cache, v_cache, slot_mapping.long(), k.stride(0), v.stride(0),
-                           HD=h * d, BLOCK=triton.next_power_of_2(h * d))
+                           HD=h * d, BLOCK=triton.next_power_of_2(h * d), enable_fp_fusion=FP_FUSION)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -291,7 +293,7 @@ def _rope_one(x, positions, cos_sin):
     assert d & (d - 1) == 0, f"apply_rope[triton]: head_dim {d} must be a power of two"
     out = torch.empty(t, h, d, dtype=x.dtype, device=x.device)
     _rope_kernel[(t,)](x, out, positions, cos_sin, x.stride(0), x.stride(1), out.stride(0), out.stride(1), h,
-                       HALF=d // 2, BLOCK_H=triton.next_power_of_2(h))
+                       HALF=d // 2, BLOCK_H=triton.next_power_of_2(h), enable_fp_fusion=FP_FUSION)
     return out
 
 
@@ -322,21 +324,21 @@ def audit_specs() -> list[dict]:
                 sig.update({n: "constexpr" for n in const})
                 specs.append({"name": f"paged_attention_{dtype}_d{d}_{'partial' if partial else 'fold'}",
                               "fn": _paged_attention_kernel, "signature": sig, "constexprs": const,
-                              "num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+                              "num_warps": NUM_WARPS, "num_stages": NUM_STAGES, "enable_fp_fusion": FP_FUSION})
             ptr = "*" + dtype
             sig = {"O": ptr, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32", "cu_seqlens_q": "*i32",
                    "context_lens": "*i32", "n_split_grid": i32, "num_q_heads": i32, "stride_ot": i32, "stride_oh": i32}
             const = {"G": 4, "BLOCK_M": BLOCK_M, "D": d, "SPLIT": SPLIT}
             sig.update({n: "constexpr" for n in const})
             specs.append({"name": f"merge_splits_{dtype}_d{d}", "fn": _merge_splits_kernel, "signature": sig,
-                          "constexprs": const, "num_warps": NUM_WARPS, "num_stages": 1})
+                          "constexprs": const, "num_warps": NUM_WARPS, "num_stages": 1, "enable_fp_fusion": FP_FUSION})
         ptr = "*" + dtype
         sig = {"K": ptr, "V": ptr, "KC": ptr, "VC": ptr, "slots": "*i64", "stride_kt": i32, "stride_vt": i32,
                "HD": "constexpr", "BLOCK": "constexpr"}
         specs.append({"name": f"write_kv_{dtype}", "fn": _write_kv_kernel, "signature": sig,
-                      "constexprs": {"HD": 1024, "BLOCK": 1024}, "num_warps": 4, "num_stages": 1})
+                      "constexprs": {"HD": 1024, "BLOCK": 1024}, "num_warps": 4, "num_stages": 1, "enable_fp_fusion": FP_FUSION})
         sig = {"X": ptr, "OUT": ptr, "positions": "*i64", "COS_SIN": "*fp32", "stride_xt": i32, "stride_xh": i32,
                "stride_ot": i32, "stride_oh": i32, "num_heads": i32, "HALF": "constexpr", "BLOCK_H": "constexpr"}
         specs.append({"name": f"rope_{dtype}", "fn": _rope_kernel, "signature": sig,
-                      "constexprs": {"HALF": 64, "BLOCK_H": 32}, "num_warps": 4, "num_stages": 1})
+                      "constexprs": {"HALF": 64, "BLOCK_H": 32}, "num_warps": 4, "num_stages": 1, "enable_fp_fusion": FP_FUSION})
     return specs

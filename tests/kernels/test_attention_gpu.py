@@ -1,0 +1,144 @@
+"""The attention invariants at real sizes on a GPU: thousands of rows and positions, where the rare layout-dependent
+differences show up. Lengths 1..3000, decode at every position, many chunk cuts, GQA 1/4/8, head dims 64 and 128."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from samebits.diagnostics.compare import assert_same_bits, mismatch
+from samebits.kernels.attention import paged_attention, paged_attention_reference
+from tests.kernels.test_attention import full_prefill, make_world, random_cuts, run
+
+pytestmark = pytest.mark.gpu
+
+CASES = [  # (D, Hq, Hkv, dtype)
+    (128, 32, 8, torch.bfloat16),
+    (64, 16, 16, torch.bfloat16),
+    (128, 8, 1, torch.float16),
+    (64, 12, 4, torch.bfloat16),
+]
+
+
+def lengths(seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [1, 2, 63, 64, 65, 255, 256, 257, 3000] + [rng.randint(1, 3000) for _ in range(7)]
+
+
+def world_for(d, hq, hkv, dtype, block_size=16, seed=0):
+    return make_world(lengths(seed), hq, hkv, d, block_size, dtype=dtype, seed=seed, device="cuda")
+
+
+def pa(q, k_cache, v_cache, meta, scale, parallel_splits=None):
+    from samebits.kernels import attention_triton
+
+    return attention_triton.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits)
+
+
+@pytest.mark.parametrize("d,hq,hkv,dtype", CASES)
+def test_batch_composition(d, hq, hkv, dtype):
+    world = world_for(d, hq, hkv, dtype, seed=d + hq)
+    full = full_prefill(world, pa)
+    rng = random.Random(0)
+    for s, q in enumerate(world.q):
+        assert_same_bits(run(world, [(s, len(q), len(q))], pa)[0], full[s], f"seq {s} (len {len(q)}) alone")
+    for _ in range(3):
+        order = rng.sample(range(len(world.q)), rng.randint(2, len(world.q)))
+        outs = run(world, [(s, len(world.q[s]), len(world.q[s])) for s in order], pa)
+        for s, out in zip(order, outs):
+            assert_same_bits(out, full[s], f"seq {s} in batch {order}")
+    assert_same_bits(torch.cat(full_prefill(world, pa)), torch.cat(full), "run to run")
+
+
+@pytest.mark.parametrize("d,hq,hkv,dtype", CASES)
+def test_decode_at_every_position_equals_prefill(d, hq, hkv, dtype):
+    world = world_for(d, hq, hkv, dtype, seed=2 * d + hkv)
+    full = full_prefill(world, pa)
+    # Every position of every sequence as one decode step, all in one batch (≈ 10k rows), both split strategies.
+    reqs = [(s, t + 1, 1) for s, q in enumerate(world.q) for t in range(len(q))]
+    random.Random(1).shuffle(reqs)
+    for parallel in (True, False):
+        outs = run(world, reqs, pa, parallel_splits=parallel)
+        got = torch.cat([outs[i] for i in sorted(range(len(reqs)), key=lambda i: (reqs[i][0], reqs[i][1]))])
+        assert_same_bits(got, torch.cat(full), f"decode at every position, parallel splits {parallel}")
+
+
+@pytest.mark.parametrize("d,hq,hkv,dtype", CASES)
+def test_chunked_prefill_and_prefix_hits(d, hq, hkv, dtype):
+    world = world_for(d, hq, hkv, dtype, seed=3 * d + hq)
+    full = full_prefill(world, pa)
+    rng = random.Random(d)
+    for trial in range(4):
+        # Each sequence cut at its own random points; step i batches every sequence's i-th chunk, as an engine would.
+        plans = []
+        for s, q in enumerate(world.q):
+            ends = sorted(set(random_cuts(rng, len(q), rng.randint(1, 12))) | {len(q)})
+            plans.append([(s, e, e - b) for b, e in zip([0] + ends[:-1], ends)])
+        got: dict[int, list] = {s: [] for s in range(len(world.q))}
+        for step in range(max(len(p) for p in plans)):
+            reqs = [p[step] for p in plans if step < len(p)]
+            for (s, _, _), out in zip(reqs, run(world, reqs, pa, parallel_splits=trial % 2 == 1)):
+                got[s].append(out)
+        for s, outs in got.items():
+            assert_same_bits(torch.cat(outs), full[s], f"seq {s} chunked, trial {trial}")
+    hits = [(s, len(q), len(q) - rng.randint(0, len(q) - 1)) for s, q in enumerate(world.q)]
+    for (s, ctx, n), out in zip(hits, run(world, hits, pa)):
+        assert_same_bits(out, full[s][ctx - n:], f"seq {s} prefix hit at {ctx - n}")
+
+
+def test_page_size_does_not_change_bits():
+    outs = [torch.cat(full_prefill(world_for(128, 32, 8, torch.bfloat16, block_size=bs, seed=9), pa))
+            for bs in (16, 32, 128)]
+    for other in outs[1:]:
+        assert_same_bits(other, outs[0], "page size")
+
+
+@pytest.mark.parametrize("d,hq,hkv,dtype", CASES)
+def test_accuracy_vs_float64(d, hq, hkv, dtype):
+    world = world_for(d, hq, hkv, dtype, seed=11)
+    reqs = [(s, len(q), min(len(q), 300)) for s, q in enumerate(world.q)]
+    out = torch.cat(run(world, reqs, paged_attention))
+    ref = torch.cat(run(world, reqs, paged_attention_reference))
+    rel = float((out.double() - ref).norm() / ref.norm())
+    assert rel < {torch.bfloat16: 6e-3, torch.float16: 1e-3}[dtype], rel
+
+
+def test_fp32_inputs_use_exact_products():
+    world = make_world([700, 33], 8, 2, 128, 16, dtype=torch.float32, seed=13, device="cuda")
+    reqs = [(0, 700, 700), (1, 33, 33)]
+    out = torch.cat(run(world, reqs, paged_attention))
+    ref = torch.cat(run(world, reqs, paged_attention_reference))
+    assert float((out.double() - ref).norm() / ref.norm()) < 1e-5  # tf32 would give ~3e-4
+
+
+# ---- negative controls on the GPU --------------------------------------------------------------------------------------
+
+
+def test_negative_control_sdpa_decode_differs_from_its_prefill():
+    """torch SDPA: the same row computed in a causal prefill and as a one-token decode comes out different somewhere."""
+    import torch.nn.functional as F
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 32, 3000, 128, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(3))
+    prefill = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    decode = torch.cat([F.scaled_dot_product_attention(q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1])
+                        for t in range(0, 3000, 7)], dim=2)
+    assert not mismatch(decode, prefill[:, :, ::7]).same
+
+
+def test_negative_control_other_kv_tile_is_caught():
+    """The comparison used above catches a decode kernel built with another KV tile (BLOCK_N 32 instead of 64)."""
+    from samebits.kernels import attention_triton as at
+
+    world = world_for(128, 32, 8, torch.bfloat16, seed=17)
+    full = full_prefill(world, pa)
+    block_n = at.BLOCK_N
+    try:
+        at.BLOCK_N = 32
+        reqs = [(s, t + 1, 1) for s, q in enumerate(world.q) for t in range(0, len(q), 5)]
+        outs = run(world, reqs, pa, parallel_splits=False)
+    finally:
+        at.BLOCK_N = block_n
+    want = torch.cat([full[s][t - 1:t] for s, t, _ in reqs])
+    assert not mismatch(torch.cat(outs), want).same
