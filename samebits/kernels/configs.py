@@ -57,9 +57,10 @@ TILE_CONFIGS["det_sum"] = {
 
 
 TILE_CONFIGS["attention.query_tile"] = {
-    "config": {"rows": 64, "num_warps": 4, "num_stages": 2},
+    "config": {"rows": 64, "num_warps": 4, "num_stages": 2, "fp_fusion": False},
     "why": "rows = (token, GQA head) pairs; the H200 probe showed head_dim-128 row reductions change with the query "
-    "tile, so one tile serves prefill, chunked prefill and decode alike.",
+    "tile, so one tile serves prefill, chunked prefill and decode alike. fp_fusion is pinned for all attention, RoPE "
+    "and KV-write kernels (the fold spells its fma out) so Triton's changing default never moves bits.",
 }
 
 TILE_CONFIGS["attention.kv_tile"] = {
@@ -84,12 +85,6 @@ TILE_CONFIGS["rope.table"] = {
     "why": "the table is built once on the CPU, so its bits do not depend on a device's cos/sin.",
 }
 
-TILE_CONFIGS["attention.query_tile"] = {
-    "config": {"rows": 64, "num_warps": 4, "num_stages": 2, "fp_fusion": False},
-    "why": "rows = (token, GQA head) pairs; the H200 probe showed head_dim-128 row reductions change with the query "
-    "tile, so one tile serves prefill, chunked prefill and decode alike. fp_fusion is pinned for all attention, RoPE "
-    "and KV-write kernels (the fold spells its fma out) so Triton's changing default never moves bits.",
-}
 
 
 def numerics_profile() -> dict:
