@@ -125,17 +125,17 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     batches = (1, 16, 256) if args.quick else (1, 8, 32, 64, 128, 256)
     contexts = (512, 4096, 32768) if args.quick else (512, 2048, 8192, 32768)
-    rows = []
-    for ctx in contexts:
-        for b in batches:
-            rows.append(decode_case(b, ctx, gen))
-            torch.cuda.empty_cache()
-    for length in (1024, 2048, 4096, 8192):
-        rows.append(prefill_case(length, gen))
+    rows: list[dict] = []
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "heads": [HQ, HKV, D], "page": BS, "rows": rows}
-    with open(os.path.join(args.out, "attention.json"), "w") as f:
-        json.dump(info, f, indent=1)
+    cases = [lambda length=length: prefill_case(length, gen) for length in (1024, 2048, 4096, 8192)]
+    cases += [lambda b=b, ctx=ctx: decode_case(b, ctx, gen) for ctx in contexts for b in batches]
+    for case in cases:
+        rows.append(case())
+        print(json.dumps(rows[-1]), flush=True)
+        torch.cuda.empty_cache()
+        with open(os.path.join(args.out, "attention.json"), "w") as f:  # after every case: a timeout keeps the rest
+            json.dump(info, f, indent=1)
     _plot(rows, os.path.join(args.out, "attention.png"))
     _table(rows)
 
