@@ -11,8 +11,9 @@ import collections
 import concurrent.futures
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Optional
+from typing import Any
 
 
 class QueueFull(Exception):
@@ -44,7 +45,7 @@ class _Stream:
 
     def __init__(self) -> None:
         self.latest: Any = None
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
         self.closed = False
         self.started = False
         self.generated = 0
@@ -84,7 +85,7 @@ def _snapshot(out):
     return replace(out, outputs=outputs, prompt_token_ids=list(out.prompt_token_ids))
 
 
-def _settle(future: concurrent.futures.Future, error: Optional[BaseException] = None) -> None:
+def _settle(future: concurrent.futures.Future, error: BaseException | None = None) -> None:
     """Complete a command's future unless its waiter already gave up (asyncio cancels wrapped futures)."""
     try:
         if error is None:
@@ -105,10 +106,10 @@ class AsyncEngine:
         self._commands: collections.deque = collections.deque()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._thread: Optional[threading.Thread] = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         self._stopping = False
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
         self._refresh_stats()
 
     # ---- lifecycle -------------------------------------------------------------------------------------------------
@@ -142,7 +143,7 @@ class AsyncEngine:
 
     # ---- event-loop side -------------------------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt_token_ids: list[int], params,
-                       prompt: Optional[str] = None) -> AsyncIterator:
+                       prompt: str | None = None) -> AsyncIterator:
         """Yield the request's cumulative RequestOutput as it progresses; the last has `finished` set.
 
         Raises ValueError (from the engine, naming the field) before the first output, QueueFull, or EngineDead.
@@ -223,7 +224,7 @@ class AsyncEngine:
                     self._refresh_stats()
                 else:
                     self._wake.wait(self._idle_poll_s)
-        except BaseException as e:  # the loop is dead either way; every waiter must hear why
+        except BaseException as e:  # noqa: BLE001 - the loop is dead either way; every waiter must hear why
             self.error = e
             self._post(self._fail_all, e)
         finally:
@@ -251,7 +252,7 @@ class AsyncEngine:
                 self.engine.add_request(request_id, ids, params, prompt=prompt)
             else:
                 self.engine.abort_request(args[0])
-        except Exception as e:  # a bad request (or an unknown id to abort) fails that request, not the loop
+        except Exception as e:  # noqa: BLE001 - a bad request (or an unknown id to abort) fails that request, not the loop
             if kind == "add":
                 _settle(future, error=e)
                 return

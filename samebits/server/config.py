@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, fields
-from typing import Optional
 
 MODES = ("deterministic", "fast")
 
 
-def _positive(name: str, value: Optional[int], allow_none: bool = False) -> None:
+def _positive(name: str, value: int | None, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -22,10 +21,10 @@ class ServerConfig:
     port: int = 8000
     mode: str = "deterministic"
     api_keys: tuple[str, ...] = ()
-    served_model_name: Optional[str] = None
-    device: Optional[str] = None
-    dtype: Optional[str] = None
-    max_model_len: Optional[int] = None
+    served_model_name: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    max_model_len: int | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
@@ -60,7 +59,7 @@ class ServerConfig:
 
     def _check_keys(self) -> None:
         if not isinstance(self.api_keys, tuple):
-            raise ValueError("api_keys must be a tuple of strings")
+            raise ValueError("api_keys must be a tuple of strings")  # noqa: TRY004 - config errors are ValueError
         if any(not isinstance(k, str) or not k for k in self.api_keys):
             raise ValueError("api_keys must be non-empty strings")
 
@@ -77,7 +76,7 @@ class ServerConfig:
         return self.served_model_name or self.model
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ServerConfig":
+    def from_dict(cls, data: dict) -> ServerConfig:
         """Build from a plain mapping (a config file); unknown keys are an error, not silently dropped."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 from starlette.responses import Response
 
@@ -11,7 +10,7 @@ class APIError(Exception):
     """An error the client gets as OpenAI error JSON; `status` < 500 whenever the client is at fault."""
 
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None):
+                 param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -23,11 +22,11 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def invalid(message: str, param: Optional[str] = None, code: Optional[str] = None) -> APIError:
+def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param, code)
 
 
-def not_found(message: str, param: Optional[str] = None, code: str = "not_found") -> APIError:
+def not_found(message: str, param: str | None = None, code: str = "not_found") -> APIError:
     return APIError(404, message, "invalid_request_error", param, code)
 
 
@@ -52,11 +51,11 @@ def engine_dead() -> APIError:
                     "engine_dead")
 
 
-def error_response(err: APIError, headers: Optional[dict] = None) -> Response:
+def error_response(err: APIError, headers: dict | None = None) -> Response:
     return Response(json.dumps(err.body()), status_code=err.status, headers=headers, media_type="application/json")
 
 
-def validation_message(error: dict) -> tuple[str, Optional[str]]:
+def validation_message(error: dict) -> tuple[str, str | None]:
     """A pydantic error dict -> (message naming the field, param)."""
     loc = [str(p) for p in error.get("loc", ()) if p not in ("body",)]
     # Union members add their type name to the location; it tells the client nothing about its own field.

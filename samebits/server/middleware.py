@@ -8,7 +8,6 @@ from __future__ import annotations
 import hmac
 import re
 import uuid
-from typing import Optional
 
 from samebits.server.errors import APIError, error_response, unauthorized
 
@@ -26,14 +25,14 @@ def request_id_of(headers: list[tuple[bytes, bytes]]) -> str:
     return uuid.uuid4().hex
 
 
-def bearer_token(headers: list[tuple[bytes, bytes]]) -> Optional[bytes]:
+def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     for k, v in headers:
         if k.lower() == b"authorization" and v[:7].lower() == b"bearer ":
             return v[7:].strip()
     return None
 
 
-def key_matches(token: Optional[bytes], keys: tuple[bytes, ...]) -> bool:
+def key_matches(token: bytes | None, keys: tuple[bytes, ...]) -> bool:
     # Every key is compared (no early exit), each in constant time, so timing says nothing about which or how close.
     ok = False
     for key in keys:
@@ -74,7 +73,7 @@ class GuardMiddleware:
 
         return wrapped
 
-    def _check(self, scope) -> Optional[APIError]:
+    def _check(self, scope) -> APIError | None:
         headers = scope["headers"]
         if len(headers) > self.max_count:
             return APIError(431, f"Too many request headers: {len(headers)} > {self.max_count}.",

@@ -6,7 +6,6 @@ server's limits with messages that name the field and the limit. Unknown fields 
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
 
 from pydantic import BaseModel, ConfigDict
 
@@ -28,53 +27,53 @@ class _Sampling(_Base):
     """Fields shared by both endpoints."""
 
     model: str
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    seed: Optional[int] = None
-    n: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
-    stop_token_ids: Optional[list[int]] = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    n: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    stream: Optional[bool] = False
-    stream_options: Optional[StreamOptions] = None
-    user: Optional[str] = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
     # Accepted so clients that always send them work; anything but the neutral value is refused, never ignored.
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    logit_bias: Optional[dict[str, float]] = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: Optional[int] = 16
-    logprobs: Optional[int] = None
-    echo: Optional[bool] = False
-    best_of: Optional[int] = None
-    suffix: Optional[str] = None
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool | None = False
+    best_of: int | None = None
+    suffix: str | None = None
 
 
 class ContentPart(_Base):
     type: str
-    text: Optional[str] = None
+    text: str | None = None
 
 
 class ChatMessage(_Base):
     role: str
-    content: Optional[Union[str, list[ContentPart]]] = None
-    name: Optional[str] = None
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
 
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage]
-    max_tokens: Optional[int] = None
-    max_completion_tokens: Optional[int] = None
-    logprobs: Optional[bool] = False
-    top_logprobs: Optional[int] = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
 
 
-def _finite(name: str, value: Optional[float]) -> None:
+def _finite(name: str, value: float | None) -> None:
     if value is not None and not math.isfinite(value):
         raise invalid(f"{name} must be a finite number, got {value!r}", name)
 
@@ -128,7 +127,7 @@ def check_sampling(req: _Sampling, max_n: int, max_stop: int, vocab_size: int) -
     _check_unsupported(req)
 
 
-def stop_list(stop: Optional[Union[str, list[str]]]) -> list[str]:
+def stop_list(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
     return [stop] if isinstance(stop, str) else list(stop)
@@ -140,12 +139,12 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
             raise invalid(f"{param}: token id {t} is outside the vocabulary [0, {vocab_size})", param)
 
 
-def check_max_tokens(value: Optional[int], param: str) -> None:
+def check_max_tokens(value: int | None, param: str) -> None:
     if value is not None and value < 1:
         raise invalid(f"{param} must be at least 1, got {value}", param)
 
 
-def check_logprobs(value: Optional[int], limit: int, param: str) -> None:
+def check_logprobs(value: int | None, limit: int, param: str) -> None:
     if value is not None and not 0 <= value <= limit:
         raise invalid(f"{param} must be in [0, {limit}], got {value}", param)
 
@@ -188,7 +187,7 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict]:
     return [{"role": m.role, "content": _text(m.content), **({"name": m.name} if m.name else {})} for m in messages]
 
 
-def _text(content: Optional[Union[str, list[ContentPart]]]) -> str:
+def _text(content: str | list[ContentPart] | None) -> str:
     if content is None:
         return ""
     if isinstance(content, str):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 # JSON has no -inf; OpenAI-compatible servers send this instead (vLLM does the same).
 NEG_INF_LOGPROB = -9999.0
@@ -46,7 +46,7 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 # ---- logprobs -------------------------------------------------------------------------------------------------------
 def completion_logprobs(tok: Callable[[int], str], ids: list[int], lps: list[float],
-                        tops: Optional[list[dict]], offset: int) -> dict:
+                        tops: list[dict] | None, offset: int) -> dict:
     """The legacy completions shape: parallel lists of tokens, logprobs, top alternatives and text offsets."""
     tokens = [tok(t) for t in ids]
     offsets = []
@@ -57,7 +57,7 @@ def completion_logprobs(tok: Callable[[int], str], ids: list[int], lps: list[flo
     return {"tokens": tokens, "token_logprobs": [lp(v) for v in lps], "top_logprobs": top, "text_offset": offsets}
 
 
-def chat_logprobs(tok: Callable[[int], str], ids: list[int], lps: list[float], tops: Optional[list[dict]]) -> dict:
+def chat_logprobs(tok: Callable[[int], str], ids: list[int], lps: list[float], tops: list[dict] | None) -> dict:
     content = []
     for i, (t, v) in enumerate(zip(ids, lps)):
         alts = [] if tops is None else [_chat_token(tok(k), w) for k, w in _items(tops[i])]
@@ -104,7 +104,7 @@ class ChoiceCursor:
     done: bool = False
     extra: dict = field(default_factory=dict)
 
-    def advance(self, out, stops: list[str]) -> Optional[tuple[list[int], int, str]]:
+    def advance(self, out, stops: list[str]) -> tuple[list[int], int, str] | None:
         """New (token_ids, first index, text) since the last call, or None when nothing new is sendable."""
         if self.done:
             return None

@@ -7,7 +7,6 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Optional, Type
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
@@ -17,11 +16,19 @@ from samebits import __version__
 from samebits.engine.async_engine import EngineDead, QueueFull
 from samebits.engine.sampling_params import SamplingParams
 from samebits.server import render
-from samebits.server.errors import APIError, engine_dead, invalid, not_found, queue_full, too_large, \
-    validation_message
+from samebits.server.errors import APIError, engine_dead, invalid, not_found, queue_full, too_large, validation_message
 from samebits.server.metrics import Metrics
-from samebits.server.protocol import SEED_MAX, ChatRequest, CompletionRequest, check_chat, check_completion, \
-    check_sampling, check_token_ids, message_dicts, stop_list
+from samebits.server.protocol import (
+    SEED_MAX,
+    ChatRequest,
+    CompletionRequest,
+    check_chat,
+    check_completion,
+    check_sampling,
+    check_token_ids,
+    message_dicts,
+    stop_list,
+)
 from samebits.server.streaming import ClientGone, SSEResponse, merged, race_disconnect
 
 # A union field's pydantic errors name each member; the client needs one sentence.
@@ -38,7 +45,7 @@ class Sub:
 
     request_id: str
     ids: list[int]
-    text: Optional[str]
+    text: str | None
 
 
 @dataclass
@@ -73,7 +80,7 @@ def numerics_headers(fp: dict, mode: str) -> dict[str, str]:
     return {f"X-Samebits-{k}": _header_value(v) for k, v in fields.items()}
 
 
-def _error_param(message: str) -> Optional[str]:
+def _error_param(message: str) -> str | None:
     m = re.match(r"^([a-z_]+)\b", message)
     return m.group(1) if m else None
 
@@ -139,7 +146,7 @@ class ServerState:
 
 
 # ---- request body ----------------------------------------------------------------------------------------------
-async def read_model(request: Request, model: Type[BaseModel], limit: int) -> BaseModel:
+async def read_model(request: Request, model: type[BaseModel], limit: int) -> BaseModel:
     ctype = request.headers.get("content-type", "")
     if ctype.split(";")[0].strip().lower() != "application/json":
         raise APIError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}.",
@@ -187,7 +194,7 @@ def _new_meta(state: ServerState, prefix: str, seed: int) -> render.Meta:
     return render.Meta(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), state.model_name, fp, seed)
 
 
-def _sampling_params(req, max_tokens: int, seed: int, logprobs: Optional[int]) -> SamplingParams:
+def _sampling_params(req, max_tokens: int, seed: int, logprobs: int | None) -> SamplingParams:
     top_k = -1 if req.top_k in (None, 0) else req.top_k
     try:
         return SamplingParams(
@@ -200,7 +207,7 @@ def _sampling_params(req, max_tokens: int, seed: int, logprobs: Optional[int]) -
         raise invalid(str(e), _error_param(str(e))) from None
 
 
-def _completion_prompts(state: ServerState, prompt) -> list[tuple[Optional[str], list[int]]]:
+def _completion_prompts(state: ServerState, prompt) -> list[tuple[str | None, list[int]]]:
     items = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
     if not items:
         raise invalid("prompt must not be empty", "prompt")
@@ -209,7 +216,7 @@ def _completion_prompts(state: ServerState, prompt) -> list[tuple[Optional[str],
     return [_one_prompt(state, p) for p in items]
 
 
-def _one_prompt(state: ServerState, p) -> tuple[Optional[str], list[int]]:
+def _one_prompt(state: ServerState, p) -> tuple[str | None, list[int]]:
     ids = state.tokenizer.encode(p) if isinstance(p, str) else list(p)
     if not ids or p == "":
         raise invalid("prompt must not be empty (an empty string or an empty token list)", "prompt")
@@ -248,7 +255,7 @@ def _chat_ids(state: ServerState, req: ChatRequest) -> list[int]:
     messages = message_dicts(req.messages)
     try:
         text = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    except Exception as e:  # the template's own raise_exception (e.g. roles must alternate) is the client's problem
+    except Exception as e:  # noqa: BLE001 - the template's own raise_exception (e.g. roles must alternate) is the client's problem
         raise invalid(f"messages cannot be rendered by the chat template: {e}", "messages") from None
     return state.tokenizer.encode(text, add_special_tokens=False)
 
@@ -335,14 +342,14 @@ def _choice_index(job: Job, i: int, c) -> int:
     return i * job.params.n + c.index
 
 
-def _text_logprobs(state: ServerState, c, ids: list[int], start: int, offset: int) -> Optional[dict]:
+def _text_logprobs(state: ServerState, c, ids: list[int], start: int, offset: int) -> dict | None:
     if c.logprobs is None:
         return None
     tops = None if c.top_logprobs is None else c.top_logprobs[start:start + len(ids)]
     return render.completion_logprobs(state.token_text, ids, c.logprobs[start:start + len(ids)], tops, offset)
 
 
-def _chat_logprobs(state: ServerState, c, ids: list[int], start: int) -> Optional[dict]:
+def _chat_logprobs(state: ServerState, c, ids: list[int], start: int) -> dict | None:
     if c.logprobs is None:
         return None
     tops = None if c.top_logprobs is None else c.top_logprobs[start:start + len(ids)]
@@ -394,7 +401,7 @@ class StreamWriter:
                     yield _sse(chunk)
             for chunk in self._closing():
                 yield _sse(chunk)
-        except Exception as e:  # mid-stream: the status is already 200, so the error travels as an event
+        except Exception as e:  # noqa: BLE001 - mid-stream: the status is already 200, so the error travels as an event
             yield _sse(map_error(e).body())
         finally:
             await outputs.aclose()
@@ -444,10 +451,10 @@ class StreamWriter:
 
 
 def _sse(obj: dict) -> bytes:
-    return f"data: {render.dumps(obj)}\n\n".encode("utf-8")
+    return f"data: {render.dumps(obj)}\n\n".encode()
 
 
-async def handle(state: ServerState, request: Request, model: Type[BaseModel], build) -> Response:
+async def handle(state: ServerState, request: Request, model: type[BaseModel], build) -> Response:
     arrival = time.monotonic()
     try:
         req = await read_model(request, model, state.config.max_body_bytes)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.responses import Response
 
@@ -61,7 +61,7 @@ async def _pump(i: int, start: Callable[[], AsyncIterator], queue: asyncio.Queue
             async for item in it:
                 queue.put_nowait((i, item, None))
         queue.put_nowait((i, None, None))
-    except Exception as e:  # handed to the consumer, which turns it into an HTTP error
+    except Exception as e:  # noqa: BLE001 - handed to the consumer, which turns it into an HTTP error
         queue.put_nowait((i, None, e))
 
 

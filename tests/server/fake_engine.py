@@ -10,6 +10,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from samebits.engine.outputs import CompletionOutput, RequestOutput
 from samebits.engine.sampling_params import SamplingParams
@@ -31,7 +32,7 @@ class FakeTokenizer:
     """Token t <-> one CJK character; text outside that range is encoded by code point modulo the vocabulary."""
 
     vocab_size = VOCAB
-    eos_token_ids = {EOS}
+    eos_token_ids: ClassVar[set[int]] = {EOS}
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [(ord(ch) - 0x4E00) % VOCAB if ord(ch) >= 0x4E00 else ord(ch) % VOCAB for ch in text]

@@ -81,7 +81,7 @@ def test_logprobs_float32_exact(client):
 
 
 def test_n_samples_differ_and_replay(client):
-    kw = dict(model=MODEL_NAME, prompt="the", max_tokens=6, temperature=1.0, seed=5, n=3)
+    kw = {"model": MODEL_NAME, "prompt": "the", "max_tokens": 6, "temperature": 1.0, "seed": 5, "n": 3}
     r = client.completions.create(**kw)
     assert [c.index for c in r.choices] == [0, 1, 2]
     ids = [tuple(c.token_ids) for c in r.choices]
@@ -110,7 +110,7 @@ def test_echo(client):
 
 
 def test_stop_string_cuts_text(client):
-    kw = dict(model=MODEL_NAME, prompt="hello", max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    kw = {"model": MODEL_NAME, "prompt": "hello", "max_tokens": 8, "temperature": 0, "extra_body": {"ignore_eos": True}}
     full = client.completions.create(**kw).choices[0]
     text = full.text.rstrip("\ufffd")
     if len(text) < 3:
@@ -135,8 +135,8 @@ def _stream_concat(client, **kw):
 
 
 def test_streaming_equals_non_streaming(client):
-    kw = dict(model=MODEL_NAME, prompt=["hello world", "the cat sat"], max_tokens=6, temperature=0.8, seed=3, n=2,
-              logprobs=1)
+    kw = {"model": MODEL_NAME, "prompt": ["hello world", "the cat sat"], "max_tokens": 6, "temperature": 0.8, "seed": 3, "n": 2,
+              "logprobs": 1}
     whole = client.completions.create(**kw)
     streamed, usage = _stream_concat(client, **kw)
     assert sorted(streamed) == [c.index for c in whole.choices]
@@ -148,9 +148,9 @@ def test_streaming_equals_non_streaming(client):
 
 
 def test_chat_and_chat_stream(client):
-    kw = dict(model=MODEL_NAME, messages=[{"role": "system", "content": "be brief"},
+    kw = {"model": MODEL_NAME, "messages": [{"role": "system", "content": "be brief"},
                                           {"role": "user", "content": "What is the capital of France?"}],
-              max_tokens=5, temperature=0.5, seed=9, logprobs=True, top_logprobs=2)
+              "max_tokens": 5, "temperature": 0.5, "seed": 9, "logprobs": True, "top_logprobs": 2}
     whole = client.chat.completions.create(**kw)
     msg = whole.choices[0].message
     assert msg.role == "assistant" and whole.object == "chat.completion"

@@ -48,10 +48,10 @@ def test_key_matches_constant_time_helper():
     assert key_matches(b"key-two", keys) and not key_matches(b"key-tw", keys) and not key_matches(None, keys)
 
 
-@pytest.mark.parametrize("bad", [dict(port=70000), dict(port=-1), dict(host="example.com"), dict(mode="turbo"),
-                                 dict(max_n=0), dict(max_waiting=-1), dict(max_body_bytes=0), dict(model=""),
-                                 dict(api_keys=["a"]), dict(api_keys=("",)), dict(max_logprobs=-1),
-                                 dict(max_model_len=0), dict(max_num_seqs=True)])
+@pytest.mark.parametrize("bad", [{"port": 70000}, {"port": -1}, {"host": "example.com"}, {"mode": "turbo"},
+                                 {"max_n": 0}, {"max_waiting": -1}, {"max_body_bytes": 0}, {"model": ""},
+                                 {"api_keys": ["a"]}, {"api_keys": ("",)}, {"max_logprobs": -1},
+                                 {"max_model_len": 0}, {"max_num_seqs": True}])
 def test_server_config_rejects(bad):
     with pytest.raises(ValueError):
         ServerConfig(**bad)
@@ -78,8 +78,8 @@ def test_serve_flags_map_one_to_one_to_config_fields():
 
 
 def test_serve_refuses_when_the_template_cannot_be_applied(monkeypatch):
-    import samebits.runtime as runtime
     import samebits.server.serve as serve_mod
+    from samebits import runtime
     from samebits.cli import app
     from samebits.runtime import RuntimeTemplateError
 
@@ -107,4 +107,4 @@ def test_no_code_bearing_serialisation():
     root = pathlib.Path(__file__).resolve().parents[2]
     files = list((root / "samebits" / "server").glob("*.py")) + [root / "samebits" / "engine" / "async_engine.py"]
     for f in files:
-        assert not re.search(r"^\s*(import|from)\s+(pickle|marshal|dill|cloudpickle|shelve)\b", f.read_text(), re.M), f
+        assert not re.search(r"^\s*(import|from)\s+(pickle|marshal|dill|cloudpickle|shelve)\b", f.read_text(), re.MULTILINE), f

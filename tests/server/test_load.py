@@ -137,7 +137,7 @@ def test_abandoned_requests_are_aborted_and_free_their_blocks(server):
                     # A total deadline (httpx's own timeouts are per read, which a live stream never trips).
                     r = await asyncio.wait_for(http.post("/v1/completions", json=b), ABANDON_AFTER_S)
                     return r.status_code
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     return "timeout"
 
             return await asyncio.gather(*(one(i) for i in range(200)))

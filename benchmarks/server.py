@@ -1,0 +1,255 @@
+"""Server benchmark: N concurrent requests through the real HTTP server, each checked against its solo run.
+
+    python benchmarks/server.py --model PATH_OR_NAME --out results/          # a checkpoint the engine can load
+    python benchmarks/server.py --random-shape 8b --out results/             # 8B-shaped random bf16 weights (GPU)
+    python benchmarks/server.py --random-shape tiny --device cpu --requests 8 --out /tmp/b   # smoke test on CPU
+
+Starts the server in-process on 127.0.0.1 (uvicorn in a thread), fires all requests at once (half streamed, half
+not), then replays each one alone and compares token ids and logprob values exactly. Writes server_bench.json into
+--out and exits 1 if any request differs from its solo run.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from samebits.server.config import ServerConfig
+
+SERVED_NAME = "bench"
+SHAPES = {
+    # Llama-3-8B's shape; the weights are random (N(0, 0.02)), which costs the same FLOPs and bytes.
+    "8b": {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+               "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 8192,
+               "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 8192}},
+    "tiny": {},
+}
+
+
+@dataclass
+class Result:
+    index: int
+    status: int = 0
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    ttft_s: float | None = None
+    latency_s: float = 0.0
+    error: str | None = None
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="checkpoint folder, .gguf or registered name")
+    src.add_argument("--random-shape", choices=sorted(SHAPES), help="random weights of this shape, no files")
+    p.add_argument("--mode", default="deterministic", choices=("deterministic", "fast"))
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, help="default: the loader's (bf16 on GPU); random shapes use bf16")
+    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=None, help="in flight at once (default: all)")
+    p.add_argument("--input-len", type=int, nargs=2, default=(128, 1024), metavar=("MIN", "MAX"))
+    p.add_argument("--output-len", type=int, nargs=2, default=(128, 512), metavar=("MIN", "MAX"))
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--engine-config", default="{}", help="extra EngineConfig fields as JSON")
+    p.add_argument("--solo-budget-s", type=float, default=420.0,
+                   help="stop replaying solo runs after this long (the JSON says how many were checked)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True)
+    return p.parse_args(argv)
+
+
+# ---- engine --------------------------------------------------------------------------------------------------------
+def engine_config(args):
+    from samebits.engine.config import EngineConfig
+
+    extra = json.loads(args.engine_config)
+    model = args.model or f"random-{args.random_shape}"
+    return EngineConfig.from_dict({"model": model, "mode": args.mode, "device": args.device, "dtype": args.dtype,
+                                   "max_num_seqs": args.max_num_seqs,
+                                   "max_num_batched_tokens": args.max_num_batched_tokens,
+                                   "max_model_len": args.max_model_len, **extra})
+
+
+def random_loaded(shape: str, mode: str, device: str | None, dtype: str | None):
+    """A LoadedModel with random weights of `shape` and the tiny test tokenizer (prompts are token ids anyway)."""
+    import torch
+
+    from samebits.kernels import get_ops
+    from samebits.models.config import ModelConfig
+    from samebits.models.loader import LoadedModel, default_device
+    from samebits.models.testing import random_model, tiny_hf_config, write_tiny_checkpoint
+    from samebits.models.tokenizer import Tokenizer
+
+    device = device or default_device()
+    config = ModelConfig.from_hf(tiny_hf_config("llama3", **SHAPES[shape]))
+    torch_dtype = getattr(torch, dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+    model = random_model(config, get_ops(mode, device), torch_dtype)
+    folder = write_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="samebits-tok-")))
+    return LoadedModel(model, Tokenizer.from_hf_dir(folder), config, f"random-{shape}", folder)
+
+
+def build_engine(args):
+    from samebits.engine.llm_engine import LLMEngine
+
+    loaded = random_loaded(args.random_shape, args.mode, args.device, args.dtype) if args.random_shape else None
+    return LLMEngine(engine_config(args), loaded=loaded)
+
+
+# ---- requests ------------------------------------------------------------------------------------------------------
+def make_requests(args, vocab_size: int, max_model_len: int) -> list[dict]:
+    rng = random.Random(args.seed)
+    reqs = []
+    for i in range(args.requests):
+        n_in = rng.randint(*args.input_len)
+        n_out = min(rng.randint(*args.output_len), max_model_len - n_in)
+        ids = [rng.randrange(3, vocab_size) for _ in range(n_in)]
+        reqs.append({"model": SERVED_NAME, "prompt": ids, "max_tokens": n_out, "temperature": args.temperature,
+                     "seed": 10_000 + i, "logprobs": 0, "ignore_eos": True, "stream": i % 2 == 1})
+    return reqs
+
+
+def parse_body(res: Result, data: dict) -> None:
+    c = data["choices"][0]
+    res.ids, res.logprobs = c["token_ids"], c["logprobs"]["token_logprobs"]
+
+
+async def parse_stream(res: Result, r: httpx.Response, start: float) -> None:
+    async for line in r.aiter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        obj = json.loads(line[6:])
+        if "error" in obj:
+            res.error = obj["error"]["message"]
+            return
+        for c in obj["choices"]:
+            if c["token_ids"] and res.ttft_s is None:
+                res.ttft_s = time.perf_counter() - start
+            res.ids += c["token_ids"]
+            res.logprobs += c["logprobs"]["token_logprobs"] if c["logprobs"] else []
+
+
+async def one(http: httpx.AsyncClient, i: int, req: dict) -> Result:
+    res, start = Result(i), time.perf_counter()
+    async with http.stream("POST", "/v1/completions", json=req) as r:
+        res.status = r.status_code
+        if r.status_code != 200:
+            res.error = (await r.aread()).decode(errors="replace")[:500]
+        elif req["stream"]:
+            await parse_stream(res, r, start)
+        else:
+            parse_body(res, json.loads(await r.aread()))
+    res.latency_s = time.perf_counter() - start
+    return res
+
+
+async def fire(url: str, reqs: list[dict], concurrency: int) -> tuple[list[Result], float]:
+    gate = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(3600.0), limits=limits) as http:
+        async def guarded(i, req):
+            async with gate:
+                return await one(http, i, req)
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(guarded(i, r) for i, r in enumerate(reqs)))
+        return list(results), time.perf_counter() - start
+
+
+def solo_runs(url: str, reqs: list[dict], budget_s: float) -> tuple[list[Result], float]:
+    start, out = time.perf_counter(), []
+    for i, req in enumerate(reqs):
+        if time.perf_counter() - start > budget_s:
+            break
+        out.append(asyncio.run(fire(url, [req], 1))[0][0])
+        out[-1].index = i
+    return out, time.perf_counter() - start
+
+
+# ---- report --------------------------------------------------------------------------------------------------------
+def pct(values: list[float], q: float) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def summarize(results: list[Result], wall: float, solo: list[Result], solo_wall: float, reqs: list[dict]) -> dict:
+    tokens = sum(len(r.ids) for r in results)
+    mismatched = [s.index for s in solo if (s.ids, s.logprobs) != (results[s.index].ids, results[s.index].logprobs)]
+    failed = [r.index for r in results if r.status != 200 or r.error]
+    return {
+        "requests": len(results), "failed": failed, "prompt_tokens": sum(len(r["prompt"]) for r in reqs),
+        "output_tokens": tokens, "wall_s": wall, "output_tokens_per_s": tokens / wall,
+        "requests_per_s": len(results) / wall,
+        "ttft_s": {"p50": pct([r.ttft_s for r in results], 0.5), "p99": pct([r.ttft_s for r in results], 0.99)},
+        "latency_s": {"p50": pct([r.latency_s for r in results], 0.5),
+                      "p99": pct([r.latency_s for r in results], 0.99),
+                      "mean": statistics.fmean(r.latency_s for r in results)},
+        "solo": {"checked": len(solo), "equal": len(solo) - len(mismatched), "mismatched": mismatched,
+                 "wall_s": solo_wall},
+        "all_checked_equal": not mismatched and not failed,
+    }
+
+
+def run(args) -> dict:
+    from samebits.engine.async_engine import AsyncEngine
+    from samebits.server.app import build_app
+    from samebits.server.serve import ServerThread, template
+
+    config = ServerConfig(model=SERVED_NAME, port=0, mode=args.mode, max_waiting=max(1024, args.requests),
+                          max_num_seqs=args.max_num_seqs, log_level="warning")
+    with template(config):
+        t0 = time.perf_counter()
+        engine = build_engine(args)
+        load_s = time.perf_counter() - t0
+        server = ServerThread(build_app(AsyncEngine(engine, max_waiting=config.max_waiting), config), config)
+        try:
+            return measure(args, engine, server.url, load_s)
+        finally:
+            server.stop()
+
+
+def measure(args, engine, url: str, load_s: float) -> dict:
+    vocab = engine.loaded.config.vocab_size
+    reqs = make_requests(args, vocab, engine.max_model_len)
+    asyncio.run(fire(url, [{**reqs[0], "max_tokens": 4}], 1))  # warm-up: first-call allocations, graph capture
+    results, wall = asyncio.run(fire(url, reqs, args.concurrency or len(reqs)))
+    solo, solo_wall = solo_runs(url, reqs, args.solo_budget_s)
+    report = summarize(results, wall, solo, solo_wall, reqs)
+    report["load_s"] = load_s
+    report["fingerprint"] = httpx.get(f"{url}/version", timeout=30).json()["fingerprint"]
+    report["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    report["first_failures"] = [asdict(r) | {"ids": None, "logprobs": None} for r in results if r.error][:5]
+    return report
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = run(args)
+    path = args.out / "server_bench.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    s = report["solo"]
+    print(f"{report['requests']} requests, {report['output_tokens']} tokens in {report['wall_s']:.1f}s = "
+          f"{report['output_tokens_per_s']:.0f} tok/s; solo-checked {s['checked']}: {s['equal']} equal, "
+          f"mismatched {s['mismatched']}; failed {report['failed']}; wrote {path}")
+    return 0 if report["all_checked_equal"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
