@@ -4,4 +4,4 @@ from samebits.models.llama import LlamaModel
 from samebits.models.loader import LoadedModel, load_model
 from samebits.models.tokenizer import Tokenizer
 
-__all__ = ["load_model", "LoadedModel", "ModelConfig", "LlamaModel", "Tokenizer", "UnsupportedModelError"]
+__all__ = ["LlamaModel", "LoadedModel", "ModelConfig", "Tokenizer", "UnsupportedModelError", "load_model"]

@@ -5,8 +5,9 @@ implement fails at load with its name, instead of silently computing something e
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 # HF model_type -> the architectures (class names) we accept for it.
 SUPPORTED = {
@@ -73,7 +74,7 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @classmethod
-    def from_hf(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
+    def from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
         """From an HF config.json dict (transformers 4.x `rope_theta`/`rope_scaling` or 5.x `rope_parameters`)."""
         model_type = _hf_model_type(cfg)
         _reject_hf_features(cfg, model_type)
@@ -101,7 +102,7 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_gguf(cls, meta: Mapping[str, Any], vocab_size: int, tied: bool) -> "ModelConfig":
+    def from_gguf(cls, meta: Mapping[str, Any], vocab_size: int, tied: bool) -> ModelConfig:
         """From GGUF metadata (plain key -> value); vocab size and tying come from the tensors, not the metadata."""
         arch = check_gguf_architecture(meta)
         heads = meta[f"{arch}.attention.head_count"]

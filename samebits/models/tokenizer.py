@@ -10,6 +10,7 @@ import json
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import ClassVar
 
 import jinja2
 import jinja2.ext
@@ -60,7 +61,7 @@ class Tokenizer:
         return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
 
     @classmethod
-    def from_hf_dir(cls, path: Path, extra_eos_ids=()) -> "Tokenizer":
+    def from_hf_dir(cls, path: Path, extra_eos_ids=()) -> Tokenizer:
         path = Path(path)
         file = path / "tokenizer.json"
         if not file.is_file():
@@ -107,7 +108,7 @@ def _strftime_now(fmt):
 class _GenerationTag(jinja2.ext.Extension):
     """`{% generation %}` marks assistant text for transformers' masks; rendering it is just its body."""
 
-    tags = {"generation"}
+    tags: ClassVar[set[str]] = {"generation"}
 
     def parse(self, parser):
         lineno = next(parser.stream).lineno

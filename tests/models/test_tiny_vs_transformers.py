@@ -2,7 +2,6 @@
 logits match transformers' own forward on 8 prompts, argmax identical everywhere. Also the GGUF path, for every
 supported quant type, against transformers loading the same GGUF (its own dequantizer and Q/K un-permutation).
 """
-import os
 
 import pytest
 import torch
