@@ -22,6 +22,12 @@ TILE_CONFIGS["matmul"] = {
     "the K order stays fixed. tests/kernels/test_gpu.py guards that fact on every bucket.",
 }
 
+TILE_CONFIGS["triton"] = {
+    "config": {"enable_fp_fusion": False},
+    "why": "Pinned at every launch: whether a*b+c becomes one FMA changes bits, and Triton 3.9 warns that its "
+    "default flips in 3.10. No FMA contraction also matches what the CPU interpreter computes.",
+}
+
 TILE_CONFIGS["cpu_matmul"] = {
     "config": {"rows": 64, "min_n": 16},
     "why": "torch's CPU mm (MKL) changes a row's bits with M, so every call is made at one shape: rows padded "
@@ -85,6 +91,8 @@ TILE_CONFIGS["rope.table"] = {
     "why": "the table is built once on the CPU, so its bits do not depend on a device's cos/sin.",
 }
 
+# Compiler options passed to every Triton launch.
+LAUNCH = dict(TILE_CONFIGS["triton"]["config"])
 
 
 def numerics_profile() -> dict:

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from samebits.kernels.common import callable_as_public, interpreting
-from samebits.kernels.configs import TILE_CONFIGS
+from samebits.kernels.configs import LAUNCH, TILE_CONFIGS
 
 _FP = {torch.bfloat16, torch.float16, torch.float32}
 
@@ -92,7 +92,7 @@ def matmul_kn(a, b, bias=None, config=None):
         UPCAST=interpreting() and a.dtype != torch.float32,
         # fp32 inputs get IEEE fp32 products (torch's default), not TF32.
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
-        num_warps=warps, num_stages=stages,
+        num_warps=warps, num_stages=stages, **LAUNCH,
     )
     return c
 

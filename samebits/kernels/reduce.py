@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from samebits.kernels.common import cdiv
-from samebits.kernels.configs import TILE_CONFIGS
+from samebits.kernels.configs import LAUNCH, TILE_CONFIGS
 
 _CFG = TILE_CONFIGS["det_sum"]["config"]
 
@@ -48,8 +48,8 @@ def det_sum_rows(x):
         return out
     seg = max(1, cdiv(n, split))
     _segment_sum_kernel[(r, split)](x, part, n, seg, x.stride(0), SPLIT=split, BLOCK=_CFG["block"],
-                                    num_warps=_CFG["num_warps"])
-    _merge_kernel[(r,)](part, out, SPLIT=split, num_warps=1)
+                                    num_warps=_CFG["num_warps"], **LAUNCH)
+    _merge_kernel[(r,)](part, out, SPLIT=split, num_warps=1, **LAUNCH)
     return out
 
 

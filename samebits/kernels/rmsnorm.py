@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from samebits.kernels.common import next_pow2
-from samebits.kernels.configs import TILE_CONFIGS
+from samebits.kernels.configs import LAUNCH, TILE_CONFIGS
 
 _CFG = TILE_CONFIGS["rms_norm"]["config"]
 
@@ -53,7 +53,8 @@ def _launch(x, residual, weight, eps):
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](
             x2, r2, w, y, s, h, x2.stride(0), r2.stride(0), y.stride(0), s.stride(0), float(eps),
-            HAS_RES=residual is not None, BLOCK=min(next_pow2(h), _CFG["max_block"]), num_warps=_CFG["num_warps"])
+            HAS_RES=residual is not None, BLOCK=min(next_pow2(h), _CFG["max_block"]),
+            num_warps=_CFG["num_warps"], **LAUNCH)
     return y.reshape(x.shape), s.reshape(x.shape)
 
 

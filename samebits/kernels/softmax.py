@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from samebits.kernels.common import callable_as_public, next_pow2
-from samebits.kernels.configs import TILE_CONFIGS
+from samebits.kernels.configs import LAUNCH, TILE_CONFIGS
 
 _CFG = TILE_CONFIGS["softmax"]["config"]
 
@@ -47,7 +47,8 @@ def _launch(x, dim, log):
     y = torch.empty(x2.shape, device=x.device, dtype=torch.float32)
     if x2.numel():
         _softmax_kernel[(x2.shape[0],)](x2, y, n, x2.stride(0), y.stride(0), LOG=log,
-                                        BLOCK=min(next_pow2(n), _CFG["max_block"]), num_warps=_CFG["num_warps"])
+                                        BLOCK=min(next_pow2(n), _CFG["max_block"]),
+                                        num_warps=_CFG["num_warps"], **LAUNCH)
     return y.reshape(xt.shape).movedim(-1, dim)
 
 
