@@ -232,7 +232,7 @@ def measure(args, engine, url: str, load_s: float) -> dict:
     solo, solo_wall = solo_runs(url, reqs, args.solo_budget_s)
     report = summarize(results, wall, solo, solo_wall, reqs)
     report["load_s"] = load_s
-    report["fingerprint"] = httpx.get(f"{url}/version", timeout=30).json()["fingerprint"]
+    report["fingerprint"] = httpx.get(f"{url}/version", timeout=30).json()
     report["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     report["first_failures"] = [asdict(r) | {"ids": None, "logprobs": None} for r in results if r.error][:5]
     return report

@@ -87,7 +87,8 @@ def _add_ops_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/version")
     async def version() -> Response:
-        return json_response({"version": __version__, "fingerprint": state.fingerprint}, {})
+        # The same JSON as `samebits fingerprint --json` (it carries the samebits version itself).
+        return json_response(state.fingerprint, {})
 
     @app.get("/metrics")
     async def metrics() -> Response:
