@@ -1,0 +1,185 @@
+"""`samebits demo`: the main job. The same 16 prompts alone and inside a busy mixed batch, in fast and deterministic
+mode, on the built-in model; a table of which prompts changed their tokens or logprob bits, and what it cost."""
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from samebits.engine.config import EngineConfig
+from samebits.engine.sampling_params import SamplingParams
+
+QUESTIONS = [
+    "What is the capital of France?", "Name three primary colors.", "What is 12 times 7?",
+    "Give me a synonym for happy.", "What does a bee make?", "Translate 'thank you' to Spanish.",
+    "What planet is known as the red planet?", "How many legs does a spider have?",
+    "What is the boiling point of water in Celsius?", "Write a haiku about rain.",
+    "Who wrote Romeo and Juliet?", "What gas do plants absorb?", "What is the largest ocean?",
+    "Spell the word 'necessary' backwards.", "What is the square root of 81?", "Name a famous painting.",
+]
+FILLERS = 48
+MAX_TOKENS = 12
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    alone: list = field(default_factory=list)
+    busy: list = field(default_factory=list)
+    texts: list = field(default_factory=list)
+    seconds: float = 0.0
+
+    def differs(self) -> list[dict]:
+        return [{"tokens": a[0] != b[0], "logprob_bits": a[1] != b[1]} for a, b in zip(self.alone, self.busy)]
+
+
+def _key(out) -> tuple:
+    c = out.outputs[0]
+    return tuple(c.token_ids), tuple(torch.tensor(c.logprobs, dtype=torch.float32).view(torch.int32).tolist())
+
+
+def _filler_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    words = tokenizer.encode(" ".join(QUESTIONS))
+    return [[rng.choice(words) for _ in range(rng.randint(8, 300))] for _ in range(n)]
+
+
+def _busy_batch(prompts: list, fillers: list, seed: int = 1) -> tuple[list, list[int]]:
+    """The 16 prompts scattered at random positions among the fillers; returns the batch and their positions."""
+    rng = random.Random(seed)
+    batch = list(fillers)
+    for p in prompts:
+        batch.insert(rng.randrange(len(batch) + 1), p)
+    ids = [id(p) for p in prompts]
+    return batch, [next(i for i, q in enumerate(batch) if id(q) == pid) for pid in ids]
+
+
+def _engine(loaded, mode: str, device: str):
+    from samebits.engine.llm_engine import LLMEngine
+    from samebits.kernels import get_ops
+
+    loaded.model.set_ops(get_ops(mode, device))
+    config = EngineConfig(model=str(loaded.path), mode=mode, device=device, kv_cache_tokens=16384,
+                          max_num_batched_tokens=512)
+    return LLMEngine(config, loaded)
+
+
+def _generate(engine, prompts: list, params: SamplingParams) -> list:
+    ids = [f"demo-{i}-{time.monotonic_ns()}" for i in range(len(prompts))]
+    for rid, p in zip(ids, prompts):
+        engine.add_request(rid, p, params)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    return [done[i] for i in ids]
+
+
+def run_mode(loaded, mode: str, device: str, prompts, fillers, progress: Progress) -> ModeResult:
+    from samebits.runtime import deterministic_runtime
+    import contextlib
+
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=0)
+    result = ModeResult(mode)
+    task = progress.add_task(f"{mode}: alone", total=len(prompts) + 1)
+    ctx = deterministic_runtime() if mode == "deterministic" else contextlib.nullcontext()
+    with ctx:
+        engine = _engine(loaded, mode, device)
+        start = time.perf_counter()
+        for p in prompts:
+            out = _generate(engine, [p], params)[0]
+            result.alone.append(_key(out))
+            result.texts.append(out.outputs[0].text)
+            progress.advance(task)
+        progress.update(task, description=f"{mode}: busy batch of {len(prompts) + len(fillers)}")
+        batch, where = _busy_batch(prompts, fillers)
+        outs = _generate(engine, batch, params)
+        result.busy = [_key(outs[i]) for i in where]
+        result.seconds = time.perf_counter() - start
+        progress.advance(task)
+    return result
+
+
+def _table(results: list[ModeResult]) -> Table:
+    table = Table(title="alone vs inside a busy batch: does the output change?")
+    table.add_column("#", justify="right")
+    table.add_column("prompt", max_width=34, no_wrap=True, overflow="ellipsis")
+    table.add_column("answer (deterministic, alone)", max_width=28, no_wrap=True, overflow="ellipsis")
+    for r in results:
+        table.add_column(f"{r.mode}: tokens")
+        table.add_column(f"{r.mode}: logprob bits")
+    diffs = [r.differs() for r in results]
+    for i, q in enumerate(QUESTIONS):
+        cells = []
+        for d in diffs:
+            cells += ["[red]differ[/]" if d[i]["tokens"] else "same", "[red]differ[/]" if d[i]["logprob_bits"] else "same"]
+        table.add_row(str(i), q, " ".join(results[-1].texts[i].split()), *cells)
+    return table
+
+
+def _summary(results: list[ModeResult]) -> dict:
+    return {r.mode: {"prompts_with_token_diffs": sum(d["tokens"] for d in r.differs()),
+                     "prompts_with_logprob_bit_diffs": sum(d["logprob_bits"] for d in r.differs()),
+                     "seconds": round(r.seconds, 2)} for r in results}
+
+
+def demo_command(model: str, device: str | None, json_path: Path | None, fail) -> None:
+    from samebits.models import load_model
+    from samebits.models.loader import default_device
+
+    console = Console()
+    device = device or default_device()
+    try:
+        loaded = load_model(model, "deterministic", device)
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        fail(str(e))
+    prompts = [loaded.tokenizer.encode(loaded.tokenizer.apply_chat_template([{"role": "user", "content": q}]))
+               for q in QUESTIONS]
+    fillers = _filler_prompts(loaded.tokenizer, FILLERS)
+    with Progress(console=console, transient=True) as progress:
+        results = [run_mode(loaded, m, device, prompts, fillers, progress) for m in ("fast", "deterministic")]
+    _report(console, results, json_path, fail)
+
+
+def _report(console: Console, results: list[ModeResult], json_path: Path | None, fail) -> None:
+    from samebits.runtime import fingerprint
+
+    console.print(_table(results))
+    summary = _summary(results)
+    for mode, s in summary.items():
+        console.print(f"{mode}: {s['prompts_with_token_diffs']}/16 prompts changed tokens, "
+                      f"{s['prompts_with_logprob_bit_diffs']}/16 changed logprob bits, {s['seconds']:.1f} s")
+    fp = fingerprint("deterministic")
+    console.print(f"fingerprint {fp['hash']}  (torch {fp['torch']}, cuBLAS {fp['cublas']}, {fp['cpu'] if not fp['gpu'] else fp['gpu']['name']})")
+    if json_path is not None:
+        try:
+            json_path.write_text(json.dumps({"summary": summary, "fingerprint": fp,
+                                             "rows": [r.differs() for r in results]}, indent=2))
+        except OSError as e:
+            fail(f"cannot write {json_path}: {e.strerror}")
+
+
+def generate_command(prompts: list[str], model: str, mode: str, max_tokens: int, temperature: float,
+                     seed: int | None, chat: bool, device: str | None, fail) -> None:
+    from samebits.engine.llm import LLM
+
+    console = Console()
+    try:
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed, logprobs=0)
+        llm = LLM(model=model, mode=mode, device=device)
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        fail(str(e))
+    if chat:
+        outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
+    else:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    for p, o in zip(prompts, outs):
+        c = o.outputs[0]
+        console.print(f"[bold]{p}[/]\n{c.text}\n[dim]seed {o.seed}, {len(c.token_ids)} tokens, "
+                      f"logprob {c.cumulative_logprob:.4f}, finish {c.finish_reason}[/]")
