@@ -30,7 +30,7 @@ class Sizes:
     attn_dim: int = 64
     attn_ctx: int = 128
     attn_batches: tuple = (1, 2, 4, 8, 16, 32)
-    prefill_lens: tuple = (16, 64, 256)
+    prefill_lens: tuple = (16, 256, 1024)
     norm_hidden: int = 1024
     norm_rows: tuple = (1, 2, 3, 4, 8, 16, 32, 33, 64, 128, 256, 512, 1024)
     model: LlamaShape = LlamaShape()

@@ -33,13 +33,13 @@ def _layer_shapes(s: LlamaShape) -> dict:
 
 
 def random_weights(s: LlamaShape, seed: int, dtype, device) -> dict:
-    """Seeded on the CPU generator, then moved, so a seed means the same weights on every device."""
+    """Seeded weights drawn on `device` itself: a 1B shape drawn on the CPU would take longer than the probe."""
     import torch
 
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)
 
     def rand(*shape):
-        return (torch.randn(*shape, generator=g) / shape[-1] ** 0.5).to(device, dtype)
+        return (torch.randn(*shape, generator=g, device=device) / shape[-1] ** 0.5).to(dtype)
 
     layers = [{name: rand(*shape) for name, shape in _layer_shapes(s).items()} for _ in range(s.layers)]
     for lw in layers:

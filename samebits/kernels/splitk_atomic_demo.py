@@ -14,10 +14,9 @@ import triton.language as tl
 @triton.jit
 def _splitk_atomic_kernel(a_ptr, b_ptr, c_ptr, M, N, K, k_per_split,
                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    k_lo = pid_k * k_per_split
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    k_lo = tl.program_id(2) * k_per_split
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, k_per_split, BK):
         rk = k_lo + k0 + tl.arange(0, BK)
