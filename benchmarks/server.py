@@ -7,6 +7,9 @@
 Starts the server in-process on 127.0.0.1 (uvicorn in a thread), fires all requests at once (half streamed, half
 not), then replays each one alone and compares token ids and logprob values exactly. Writes server_bench.json into
 --out and exits 1 if any request differs from its solo run.
+
+Solo replays are sequential, so at 8B with 128-512 output tokens only the first ones fit --solo-budget-s (the JSON
+says how many were checked); for a check of every request, shorten the outputs (--output-len 32 64).
 """
 from __future__ import annotations
 
@@ -66,7 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--engine-config", default="{}", help="extra EngineConfig fields as JSON")
-    p.add_argument("--solo-budget-s", type=float, default=420.0,
+    p.add_argument("--solo-budget-s", type=float, default=300.0,
                    help="stop replaying solo runs after this long (the JSON says how many were checked)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)

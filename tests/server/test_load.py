@@ -157,3 +157,28 @@ def test_abandoned_requests_are_aborted_and_free_their_blocks(server):
     assert after["samebits_client_disconnects_total"] - before["samebits_client_disconnects_total"] >= 190
     assert after["samebits_requests_aborted_total"] - before["samebits_requests_aborted_total"] >= 100
     assert server.healthy()
+
+
+def test_preemption_under_a_small_kv_pool_keeps_the_bits(server, tiny_model_dir):
+    from samebits.engine.config import EngineConfig
+    from samebits.engine.llm_engine import LLMEngine
+    from tests.server.conftest import start_server
+
+    small = start_server(LLMEngine(EngineConfig(model=str(tiny_model_dir), device="cpu", kv_cache_tokens=256,
+                                                max_model_len=256)))
+    reqs = [{**body(i, stream=False, max_tokens=40), "ignore_eos": True} for i in range(8)]
+    try:
+        async def together(url):
+            async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+                rs = await asyncio.gather(*(http.post("/v1/completions", json=r) for r in reqs))
+                return [r.json()["choices"][0] for r in rs]
+
+        squeezed = asyncio.run(together(small.url))
+        with small.client() as http:
+            preempted = metric_values(http)["samebits_num_preemptions_total"]
+        with server.client() as http:
+            ample = [http.post("/v1/completions", json=r).json()["choices"][0] for r in reqs]
+    finally:
+        small.stop()
+    assert preempted > 0, "the small pool never forced a preemption"
+    assert [(c["token_ids"], c["logprobs"]) for c in squeezed] == [(c["token_ids"], c["logprobs"]) for c in ample]
