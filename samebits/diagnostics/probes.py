@@ -334,19 +334,16 @@ def run_one(probe: Probe, impl: Impl, ctx: Ctx) -> list[ProbeResult]:
             return probe.fn(impl, ctx)
     except (ImportError, NotBuilt) as e:
         return not_applicable(probe, impl.name, f"not built ({e})")
-    except RuntimeError as e:
-        # The kernels refuse (rather than fall back on) shapes and dtypes they have no invariant path for: that is
-        # a measured answer for this cell, not a crash of the whole report. Anything else still propagates.
-        if not type(e).__module__.startswith("samebits.kernels"):
-            return _errored(probe, impl, e)
+    except Exception as e:  # noqa: BLE001 - one cell's crash must not lose the other cells of a long GPU run
+        return _refused_or_errored(probe, impl, e)
+
+
+def _refused_or_errored(probe: Probe, impl: Impl, e: Exception) -> list[ProbeResult]:
+    """The kernels refuse (rather than fall back on) inputs they have no invariant path for: that is this cell's
+    measured answer. Any other exception (a kernel that fails to compile, out of memory) is an `error` verdict, and
+    the command exits non-zero once the report is written."""
+    if isinstance(e, RuntimeError) and type(e).__module__.startswith("samebits.kernels"):
         return not_applicable(probe, impl.name, f"unsupported: {e}")
-    except Exception as e:  # noqa: BLE001 - see _errored
-        return _errored(probe, impl, e)
-
-
-def _errored(probe: Probe, impl: Impl, e: Exception) -> list[ProbeResult]:
-    """A crash in one cell (a kernel that fails to compile, out of memory) is reported as that cell's verdict, so a
-    long GPU run still yields the rest of the report; the command then exits non-zero."""
     return not_applicable(probe, impl.name, f"{type(e).__name__}: {e}".splitlines()[0][:300], verdict="error")
 
 
