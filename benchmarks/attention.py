@@ -116,18 +116,62 @@ def _plot(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+VARIANTS = [  # (split tokens, num_stages, num_warps): launch-side knobs a --sweep compares
+    (256, 2, 4), (1024, 2, 4), (1024, 3, 4), (2048, 3, 4), (512, 3, 4), (1024, 3, 8),
+]
+
+
+def apply_variant(split: int, stages: int, warps: int) -> None:
+    """Benchmark-only: patch the Triton launcher's constants (the committed values live in kernels/configs.py)."""
+    from samebits.kernels import attention_triton as at
+
+    at.SPLIT, at.NUM_STAGES, at.NUM_WARPS = split, stages, warps
+
+
+def sweep(out: str, gen) -> list:
+    """Geometric-mean SDPA/ours ratio over four representative cases per variant; writes sweep.json, returns best."""
+    import math
+
+    results = []
+    for variant in VARIANTS:
+        apply_variant(*variant)
+        rows = [decode_case(1, 8192, gen), decode_case(64, 8192, gen), decode_case(256, 2048, gen),
+                prefill_case(4096, gen)]
+        score = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
+        results.append({"variant": variant, "score": score, "ratios": [r["ratio"] for r in rows]})
+        print(json.dumps(results[-1]), flush=True)
+        torch.cuda.empty_cache()
+    best = max(results, key=lambda r: r["score"])
+    with open(os.path.join(out, "sweep.json"), "w") as f:
+        json.dump({"results": results, "best": best["variant"]}, f, indent=1)
+    return list(best["variant"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="compare VARIANTS, write sweep.json, then bench the best")
+    ap.add_argument("--sweep-only", action="store_true", help="stop after the sweep")
+    ap.add_argument("--variant", help="split,stages,warps to bench instead of the committed config")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.sweep or args.sweep_only:
+        apply_variant(*sweep(args.out, torch.Generator().manual_seed(1)))
+        if args.sweep_only:
+            return
+    elif args.variant:
+        apply_variant(*map(int, args.variant.split(",")))
     gen = torch.Generator().manual_seed(0)
     batches = (1, 16, 256) if args.quick else (1, 8, 32, 64, 128, 256)
     contexts = (512, 4096, 32768) if args.quick else (512, 2048, 8192, 32768)
     rows: list[dict] = []
+    from samebits.kernels import attention_triton as at
+
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": __import__("triton").__version__, "heads": [HQ, HKV, D], "page": BS, "rows": rows}
+            "triton": __import__("triton").__version__, "heads": [HQ, HKV, D], "page": BS, "rows": rows,
+            "config": {"split": at.SPLIT, "num_stages": at.NUM_STAGES, "num_warps": at.NUM_WARPS,
+                       "query_rows": at.BLOCK_M, "kv_tile": at.BLOCK_N}}
     cases = [lambda length=length: prefill_case(length, gen) for length in (1024, 2048, 4096, 8192)]
     cases += [lambda b=b, ctx=ctx: decode_case(b, ctx, gen) for ctx in contexts for b in batches]
     for case in cases:

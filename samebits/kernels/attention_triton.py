@@ -24,6 +24,7 @@ FP_FUSION = _QT["fp_fusion"]
 BLOCK_N = TILE_CONFIGS["attention.kv_tile"]["config"]["tokens"]
 SPLIT = TILE_CONFIGS["attention.split_kv"]["config"]["tokens"]
 assert SPLIT % BLOCK_N == 0, "a split must hold whole KV tiles"
+LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x * scale) == exp2(x * scale * log2(e))
 
 
 def _interpreted() -> bool:
@@ -35,19 +36,28 @@ def _interpreted() -> bool:
 
 
 @triton.jit
-def _tile_step(q, m, l, acc, K, V, bt_row, n0, last, pos, h, scale,
+def _tile_step(q, m, l, acc, K, V, bt_row, n0, last, pos, h, qk_scale,
                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-               BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    # q [BM, D]; m, l [BM] fp32; acc [BM, D] fp32; keys n0..n0+BLOCK_N-1 of this sequence, gathered via the block table.
+               BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+               MASKED: tl.constexpr):
+    # q [BM, D]; m, l [BM] fp32 (log2 domain); acc [BM, D] fp32; keys n0..n0+BLOCK_N-1 gathered via the block table.
+    # MASKED=False is only used for tiles whose every key every live row sees: there the causal mask and the
+    # live-row selects are identities, so both variants give a row the same bits (the diagonal tiles use MASKED).
     n = n0 + tl.arange(0, BLOCK_N)  # [BN]
-    kv_ok = n <= last
-    blk = tl.load(bt_row + n // BS, mask=kv_ok, other=0).to(tl.int64)
-    off = n % BS
     d = tl.arange(0, D)
-    k = tl.load(K + blk[:, None] * stride_kb + off[:, None] * stride_ks + h * stride_kh + d[None, :],
-                mask=kv_ok[:, None], other=0.0)  # [BN, D]
-    v = tl.load(V + blk[:, None] * stride_vb + off[:, None] * stride_vs + h * stride_vh + d[None, :],
-                mask=kv_ok[:, None], other=0.0)  # [BN, D]
+    if MASKED:
+        kv_ok = n <= last
+        blk = tl.load(bt_row + n // BS, mask=kv_ok, other=0).to(tl.int64)
+    else:
+        blk = tl.load(bt_row + n // BS).to(tl.int64)
+    row = blk * stride_kb + (n % BS) * stride_ks + h * stride_kh  # [BN]
+    row_v = blk * stride_vb + (n % BS) * stride_vs + h * stride_vh
+    if MASKED:
+        k = tl.load(K + row[:, None] + d[None, :], mask=kv_ok[:, None], other=0.0)  # [BN, D]
+        v = tl.load(V + row_v[:, None] + d[None, :], mask=kv_ok[:, None], other=0.0)  # [BN, D]
+    else:
+        k = tl.load(K + row[:, None] + d[None, :])
+        v = tl.load(V + row_v[:, None] + d[None, :])
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -55,20 +65,28 @@ def _tile_step(q, m, l, acc, K, V, bt_row, n0, last, pos, h, scale,
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
-    s = s * scale  # [BM, BN]
-    s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
-    live = pos >= n0  # the tile holds at least one of the row's keys; other rows keep their state bit for bit
-    m_new = tl.maximum(m, tl.max(s, 1))
-    m_safe = tl.where(live, m_new, 0.0)
-    alpha = tl.exp(m - m_safe)
-    p = tl.exp(s - m_safe[:, None])  # [BM, BN]
+    s = s * qk_scale  # [BM, BN], log2 domain: softmax scale * log2(e) folded into one multiply
+    if MASKED:
+        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
+        live = pos >= n0  # the tile holds at least one of the row's keys; other rows keep their state bit for bit
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_safe = tl.where(live, m_new, 0.0)
+    else:
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_safe = m_new
+    alpha = tl.exp2(m - m_safe)
+    p = tl.exp2(s - m_safe[:, None])  # [BM, BN]
     l_new = tl.fma(l, alpha, tl.sum(p, 1))
     acc_new = acc * alpha[:, None]
     if IEEE:
         acc_new = tl.dot(p.to(v.dtype), v, acc_new, input_precision="ieee")
     else:
         acc_new = tl.dot(p.to(v.dtype), v, acc_new)
-    return tl.where(live, m_new, m), tl.where(live, l_new, l), tl.where(live[:, None], acc_new, acc)
+    if MASKED:
+        m_new = tl.where(live, m_new, m)
+        l_new = tl.where(live, l_new, l)
+        acc_new = tl.where(live[:, None], acc_new, acc)
+    return m_new, l_new, acc_new
 
 
 @triton.jit
@@ -77,8 +95,8 @@ def _fold(m_r, l_r, acc_r, m_s, l_s, acc_s, live):
     # m/l [BM], acc [BM, D]; rows where live is False keep the running state bit for bit.
     m = tl.maximum(m_r, m_s)
     m_safe = tl.where(live, m, 0.0)
-    a = tl.exp(m_r - m_safe)
-    b = tl.exp(m_s - m_safe)
+    a = tl.exp2(m_r - m_safe)
+    b = tl.exp2(m_s - m_safe)
     l = tl.fma(l_r, a, l_s * b)
     acc = tl.fma(acc_r, a[:, None], acc_s * b[:, None])
     return tl.where(live, m, m_r), tl.where(live, l, l_r), tl.where(live[:, None], acc, acc_r)
@@ -104,12 +122,12 @@ def _rows(cu_seqlens_q, context_lens, b, pid_m, G: tl.constexpr, BLOCK_M: tl.con
     pos = tl.where(row_ok, first + tq, -1)  # [BM]; -1 marks padding rows
     last = tl.minimum(first + tok0 + TM - 1, ctx - 1)  # the tile's last position: no key beyond it is read
     t_idx = (q_start + tq).to(tl.int64)
-    return tok0 < n_new, t_idx, r % G, row_ok, pos, last
+    return tok0 < n_new, t_idx, r % G, row_ok, pos, last, first + tok0
 
 
 @triton.jit
 def _paged_attention_kernel(
-        Q, K, V, O, PM, PL, PACC, cu_seqlens_q, context_lens, block_tables, scale, n_split_grid, num_q_heads,
+        Q, K, V, O, PM, PL, PACC, cu_seqlens_q, context_lens, block_tables, qk_scale, n_split_grid, num_q_heads,
         stride_qt, stride_qh, stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
         G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
@@ -120,7 +138,7 @@ def _paged_attention_kernel(
     b = tl.program_id(1)
     h = tl.program_id(2) // n_split_grid
     sid = tl.program_id(2) % n_split_grid
-    has_rows, t_idx, g, row_ok, pos, last = _rows(cu_seqlens_q, context_lens, b, pid_m, G, BLOCK_M)
+    has_rows, t_idx, g, row_ok, pos, last, first_pos = _rows(cu_seqlens_q, context_lens, b, pid_m, G, BLOCK_M)
     if has_rows:
         qh = h * G + g  # [BM]
         d = tl.arange(0, D)
@@ -144,10 +162,16 @@ def _paged_attention_kernel(
             acc = tl.zeros([BLOCK_M, D], tl.float32)
             kv_lo = s_idx * SPLIT
             kv_hi = tl.minimum(kv_lo + SPLIT, last + 1)
-            for n0 in range(kv_lo, kv_hi, BLOCK_N):
-                m, l, acc = _tile_step(q, m, l, acc, K, V, bt_row, n0, last, pos, h, scale,
+            # Tiles ending at or before the tile's first position are seen whole by every row: no mask needed.
+            full_hi = tl.minimum(kv_lo + tl.maximum(first_pos + 1 - kv_lo, 0) // BLOCK_N * BLOCK_N, kv_hi)
+            for n0 in range(kv_lo, full_hi, BLOCK_N):
+                m, l, acc = _tile_step(q, m, l, acc, K, V, bt_row, n0, last, pos, h, qk_scale,
                                        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                       BLOCK_N, D, BS, UPCAST, IEEE)
+                                       BLOCK_N, D, BS, UPCAST, IEEE, False)
+            for n0 in range(full_hi, kv_hi, BLOCK_N):
+                m, l, acc = _tile_step(q, m, l, acc, K, V, bt_row, n0, last, pos, h, qk_scale,
+                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                       BLOCK_N, D, BS, UPCAST, IEEE, True)
             if PARTIAL:
                 ok = row_ok & (pos >= kv_lo)
                 p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx  # [BM]
@@ -169,7 +193,7 @@ def _merge_splits_kernel(O, PM, PL, PACC, cu_seqlens_q, context_lens, n_split_gr
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
-    has_rows, t_idx, g, row_ok, pos, last = _rows(cu_seqlens_q, context_lens, b, pid_m, G, BLOCK_M)
+    has_rows, t_idx, g, row_ok, pos, last, _ = _rows(cu_seqlens_q, context_lens, b, pid_m, G, BLOCK_M)
     if has_rows:
         qh = h * G + g
         d = tl.arange(0, D)
@@ -226,7 +250,7 @@ def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bo
     grid = (-(-meta.max_query_len // tokens_per_tile), meta.num_seqs, h_kv * n_split_grid)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
-        float(scale), n_split_grid, hq, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        float(scale) * LOG2E, n_split_grid, hq, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
         G=g, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=d, BS=bs, SPLIT=SPLIT, PARTIAL=parallel_splits,
         UPCAST=upcast, IEEE=ieee, num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=FP_FUSION)
@@ -314,7 +338,7 @@ def audit_specs() -> list[dict]:
             for partial in (False, True):
                 ptr = "*" + dtype
                 sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32",
-                       "cu_seqlens_q": "*i32", "context_lens": "*i32", "block_tables": "*i32", "scale": f32,
+                       "cu_seqlens_q": "*i32", "context_lens": "*i32", "block_tables": "*i32", "qk_scale": f32,
                        "n_split_grid": i32, "num_q_heads": i32}
                 sig.update({n: i32 for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb",
                                              "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh",

@@ -146,3 +146,15 @@ def test_ptx_has_no_float_atomics():
     lines = dict(line.split()[:2] for line in done.stdout.splitlines())
     assert set(lines) == set(names), done.stdout
     assert all(v == "clean" for v in lines.values()), done.stdout
+
+
+def test_split_boundaries_with_a_small_split(monkeypatch):
+    """Many splits on tiny shapes (the configured split may exceed every length the interpreter can afford)."""
+    monkeypatch.setattr(triton_ops, "SPLIT", 64)
+    world = make_world([200, 9], 8, 2, 64, 16, seed=31, device=DEVICE)
+    full = full_prefill(world, tri)
+    assert_same_bits(torch.cat(run(world, [(0, 90, 90), (0, 200, 110)], tri)), full[0], "chunked at 90")
+    for parallel in (False, True):
+        outs = run(world, [(0, t + 1, 1) for t in (0, 63, 64, 127, 128, 150, 199)], tri, parallel_splits=parallel)
+        for t, out in zip((0, 63, 64, 127, 128, 150, 199), outs):
+            assert_same_bits(out, full[0][t:t + 1], f"decode at {t}, split 64, parallel {parallel}")
