@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFReader
 from gguf.quants import dequantize
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as _Backend
 
 from samebits.models.config import ModelConfig, UnsupportedModelError, check_gguf_architecture
+from samebits.models.gguf_file import GGUFTensor, read_gguf
 from samebits.models.llama import LlamaModel
 from samebits.models.tokenizer import Tokenizer
 
@@ -36,8 +36,6 @@ _LAYER_NAMES = {
     "ffn_down.weight": "mlp.down_proj.weight",
 }
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
-# Arrays read element by element are slow; only these are needed whole.
-_ARRAY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
 CONTROL, USER_DEFINED = 3, 4
 
 # Pre-tokenizer splits by `tokenizer.ggml.pre`, as transformers' GGUF conversion maps them. The gpt2 default (the
@@ -55,38 +53,28 @@ def load_gguf(path: Path, ops, dtype: torch.dtype) -> tuple[LlamaModel, Tokenize
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
-    reader = GGUFReader(str(path))
-    meta = read_metadata(reader)
-    config = gguf_config(reader, meta)
+    meta, tensors = read_gguf(path)
+    config = gguf_config(tensors, meta)
     tokenizer = gguf_tokenizer(meta)
     model = LlamaModel(config, ops, dtype)
-    model.load_weights(iter_tensors(reader, config))
+    model.load_weights(iter_tensors(tensors, config))
     return model, tokenizer, config
 
 
-def read_metadata(reader: GGUFReader) -> dict:
-    """Scalars and strings, plus the few whole arrays the tokenizer needs."""
-    meta = {}
-    for key, field in reader.fields.items():
-        if len(field.data) <= 1 or key in _ARRAY_KEYS:
-            meta[key] = field.contents()
-    return meta
-
-
-def gguf_config(reader: GGUFReader, meta: dict) -> ModelConfig:
+def gguf_config(tensors: list[GGUFTensor], meta: dict) -> ModelConfig:
     check_gguf_architecture(meta)
-    names = {t.name: t for t in reader.tensors}
+    names = {t.name: t for t in tensors}
     if "rope_freqs.weight" in names:
         raise UnsupportedModelError("unsupported GGUF feature: rope_freqs tensor (Llama-3.1 rope scaling); "
                                     "load the HF safetensors folder instead")
     if "token_embd.weight" not in names:
         raise ValueError("GGUF file has no token_embd.weight tensor")
-    vocab = int(names["token_embd.weight"].shape[-1])
+    vocab = names["token_embd.weight"].shape[0]
     return ModelConfig.from_gguf(meta, vocab_size=vocab, tied="output.weight" not in names)
 
 
-def iter_tensors(reader: GGUFReader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    for tensor in reader.tensors:
+def iter_tensors(tensors: list[GGUFTensor], config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    for tensor in tensors:
         name = hf_name(tensor.name)
         values = dequantize_tensor(tensor)
         if config.architecture == "llama":
@@ -113,16 +101,15 @@ def gguf_name(hf: str) -> str:
     return f"blk.{index}.{layer[suffix]}"
 
 
-def dequantize_tensor(tensor) -> torch.Tensor:
-    """Float32 values in HF layout ([rows, cols]; GGUF lists dims innermost first)."""
+def dequantize_tensor(tensor: GGUFTensor) -> torch.Tensor:
+    """Float32 values in HF layout ([rows, cols])."""
     if tensor.tensor_type not in SUPPORTED_TYPES:
         raise UnsupportedModelError(f"tensor {tensor.name} uses GGUF type {tensor.tensor_type.name}, which is not "
                                     f"supported; supported: {[t.name for t in SUPPORTED_TYPES]}")
-    values = dequantize(np.asarray(tensor.data), tensor.tensor_type).astype(np.float32, copy=False)
+    values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
     if not values.flags.writeable:  # F32 comes back as a view of the read-only memory map
         values = values.copy()
-    shape = tuple(int(d) for d in reversed(tensor.shape))
-    return torch.from_numpy(values.reshape(shape))
+    return torch.from_numpy(values.reshape(tensor.shape))
 
 
 def unpermute_qk(name: str, values: torch.Tensor, config: ModelConfig) -> torch.Tensor:
