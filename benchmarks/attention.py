@@ -116,16 +116,17 @@ def _plot(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-VARIANTS = [  # (split tokens, num_stages, num_warps): launch-side knobs a --sweep compares
-    (256, 2, 4), (1024, 2, 4), (1024, 3, 4), (2048, 3, 4), (512, 3, 4), (1024, 3, 8),
+VARIANTS = [  # (query rows, KV tile, split tokens, num_stages, num_warps): the knobs a --sweep compares
+    (64, 64, 256, 2, 4), (64, 64, 1024, 2, 4), (64, 64, 1024, 3, 4), (64, 64, 2048, 3, 4), (64, 128, 1024, 2, 4),
+    (128, 64, 1024, 2, 8), (128, 64, 1024, 3, 8), (128, 128, 1024, 2, 8),
 ]
 
 
-def apply_variant(split: int, stages: int, warps: int) -> None:
+def apply_variant(rows: int, kv_tile: int, split: int, stages: int, warps: int) -> None:
     """Benchmark-only: patch the Triton launcher's constants (the committed values live in kernels/configs.py)."""
     from samebits.kernels import attention_triton as at
 
-    at.SPLIT, at.NUM_STAGES, at.NUM_WARPS = split, stages, warps
+    at.BLOCK_M, at.BLOCK_N, at.SPLIT, at.NUM_STAGES, at.NUM_WARPS = rows, kv_tile, split, stages, warps
 
 
 def sweep(out: str, gen) -> list:
@@ -141,9 +142,9 @@ def sweep(out: str, gen) -> list:
         results.append({"variant": variant, "score": score, "ratios": [r["ratio"] for r in rows]})
         print(json.dumps(results[-1]), flush=True)
         torch.cuda.empty_cache()
-    best = max(results, key=lambda r: r["score"])
-    with open(os.path.join(out, "sweep.json"), "w") as f:
-        json.dump({"results": results, "best": best["variant"]}, f, indent=1)
+        best = max(results, key=lambda r: r["score"])
+        with open(os.path.join(out, "sweep.json"), "w") as f:  # after every variant: a timeout keeps the rest
+            json.dump({"results": results, "best": best["variant"]}, f, indent=1)
     return list(best["variant"])
 
 
@@ -153,7 +154,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="compare VARIANTS, write sweep.json, then bench the best")
     ap.add_argument("--sweep-only", action="store_true", help="stop after the sweep")
-    ap.add_argument("--variant", help="split,stages,warps to bench instead of the committed config")
+    ap.add_argument("--variant", help="rows,kv_tile,split,stages,warps to bench instead of the committed config")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.sweep or args.sweep_only:

@@ -123,8 +123,8 @@ def test_negative_control_sdpa_decode_differs_from_its_prefill():
     q, k, v = (torch.randn(1, 32, 3000, 128, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(3))
     prefill = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     decode = torch.cat([F.scaled_dot_product_attention(q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1])
-                        for t in range(0, 3000, 7)], dim=2)
-    assert not mismatch(decode, prefill[:, :, ::7]).same
+                        for t in range(0, 3000, 13)], dim=2)
+    assert not mismatch(decode, prefill[:, :, ::13]).same
 
 
 def test_negative_control_other_kv_tile_is_caught():
