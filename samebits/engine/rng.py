@@ -38,9 +38,14 @@ def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, low.bitwise_and_(MASK32)
 
 
+def _covers(big: torch.Size, small: torch.Size) -> bool:
+    """Whether `small` broadcasts into `big` without growing it (torch.broadcast_shapes costs a slow first import)."""
+    return len(small) <= len(big) and all(s in (1, b) for s, b in zip(reversed(small), reversed(big)))
+
+
 def _xor3(fresh: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """fresh ^ a ^ b, in place when `fresh` (a temporary) already has the broadcast shape."""
-    if fresh.shape == torch.broadcast_shapes(fresh.shape, a.shape, b.shape):
+    if _covers(fresh.shape, a.shape) and _covers(fresh.shape, b.shape):
         return fresh.bitwise_xor_(a).bitwise_xor_(b)
     return fresh ^ a ^ b
 

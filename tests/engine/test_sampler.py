@@ -6,21 +6,9 @@ import torch
 
 from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.engine import sampler as S
+from samebits.kernels import get_ops
 
-
-class TorchOps:
-    """Stand-in for samebits.kernels.get_ops until the kernels land: torch's own row-wise softmax."""
-
-    mode, device = "reference", "cpu"
-
-    def softmax(self, x, dim=-1):
-        return torch.softmax(x.float(), dim=dim)
-
-    def log_softmax(self, x, dim=-1):
-        return torch.log_softmax(x.float(), dim=dim)
-
-
-OPS = TorchOps()
+OPS = get_ops("deterministic", "cpu")
 VOCAB = 640
 OFF = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0}
 PARAM_MENU = [
@@ -251,6 +239,6 @@ def test_cuda_tokens_equal_cpu():
     logits = torch.stack([r.logits for r in rows]).cuda()
     p = {name: [r.params[name] for r in rows] for name in OFF}
     cuda = S.sample(logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"], [r.seed for r in rows],
-                    [r.sample_index for r in rows], [r.position for r in rows], 5, ops=OPS)
+                    [r.sample_index for r in rows], [r.position for r in rows], 5, ops=get_ops("deterministic", "cuda"))
     assert cuda.token_ids.is_cuda
     assert_same_bits(cuda.token_ids, cpu.token_ids, "tokens cuda vs cpu")
