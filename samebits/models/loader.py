@@ -28,8 +28,8 @@ def default_device() -> str:
 
 
 def resolve_dtype(dtype, device: str) -> torch.dtype:
-    """None -> bf16 on cuda (the serving dtype), fp32 on cpu (where bf16 matmuls are slow and no faster)."""
-    if dtype is None:
+    """None or "auto" -> bf16 on cuda (the serving dtype), fp32 on cpu (where bf16 matmuls are slow and no faster)."""
+    if dtype is None or dtype == "auto":
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype

@@ -152,3 +152,17 @@ def test_fetch_extracts_once_and_lists(cache, monkeypatch, tmp_path):
     assert hub.fetch("fake") == path
     with pytest.raises(KeyError, match="unknown built-in"):
         hub.fetch("nope")
+
+
+def test_models_command_lists_the_cache(cache, monkeypatch):
+    from typer.testing import CliRunner
+
+    from samebits.cli import app
+
+    result = CliRunner().invoke(app, ["models"], env={hub.CACHE_ENV: str(cache)}, terminal_width=200)
+    assert result.exit_code == 0 and "no models cached" in result.output
+    target = hub.model_path("smollm2-135m")
+    target.parent.mkdir(parents=True)
+    target.write_bytes(bytes(2_000_000))
+    result = CliRunner().invoke(app, ["models"], env={hub.CACHE_ENV: str(cache)}, terminal_width=200)
+    assert "smollm2-135m" in result.output and "2.0 MB" in result.output
