@@ -134,7 +134,8 @@ def _paged_attention_kernel(
         SPLIT: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     # grid (query tiles, B, Hkv * n_split_grid). PARTIAL: this program computes split `sid` only and stores (m, l, acc)
     # to PM/PL [T, Hq, S] and PACC [T, Hq, S, D]; otherwise it folds all splits in order and stores O [T, Hq, D].
-    pid_m = tl.program_id(0)
+    # Query tiles are launched last-first: the late (longest) causal rows start early and the short ones fill the tail.
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2) // n_split_grid
     sid = tl.program_id(2) % n_split_grid
