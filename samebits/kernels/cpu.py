@@ -17,20 +17,56 @@ _ROWS = TILE_CONFIGS["cpu_rows"]["config"]["rows"]
 _SUM = TILE_CONFIGS["det_sum"]["config"]
 
 
-def _mm_block(a, b):
-    # a [rows, K] fp32, b [K, Np] fp32 -> [rows, Np]; aten::mm.out, never the aten::mm that drop-in overrides.
-    out = a.new_empty(a.shape[0], b.shape[1])
-    return torch.mm(a, b, out=out)
+def _pad_rows(x, rows):
+    # [..., M, K] -> fp32 [..., blocks * rows, K], zero rows appended.
+    m = x.shape[-2]
+    out = x.new_zeros(*x.shape[:-2], cdiv(max(m, 1), rows) * rows, x.shape[-1], dtype=torch.float32)
+    out[..., :m, :] = x
+    return out
+
+
+def _pad_cols(b, n_min):
+    # [..., K, N] -> fp32 [..., K, max(N, n_min)], zero columns appended (MKL's small-N path is position-dependent).
+    n = b.shape[-1]
+    if n >= n_min:
+        return b.float()
+    out = b.new_zeros(*b.shape[:-1], n_min, dtype=torch.float32)
+    out[..., :n] = b
+    return out
+
+
+def _block_mm(a_blocks, b_blocks):
+    """[nb, rows, K] @ [nb, K, N] -> [nb, rows, N] in one aten::bmm.out call (drop-in mode leaves .out alone).
+
+    Each block is one fixed-shape gemm, computed alone whatever nb is (guarded by tests); one call instead of
+    one per block keeps threading efficient. b_blocks may be a stride-0 expand of one matrix.
+    """
+    out = a_blocks.new_empty(a_blocks.shape[0], a_blocks.shape[1], b_blocks.shape[2])
+    return torch.bmm(a_blocks, b_blocks, out=out)
 
 
 def matmul(a, b):
     """a [M, K] @ b [K, N] -> [M, N] in a.dtype, fp32 accumulation, bits independent of M."""
-    n = b.shape[1]
-    bf = b.float()
-    if n < _MM["min_n"]:
-        bf = torch.cat([bf, bf.new_zeros(bf.shape[0], _MM["min_n"] - n)], dim=1)
-    out = in_row_blocks(lambda blk: _mm_block(blk, bf), _MM["rows"], a.float())
-    return out[:, :n].to(a.dtype)
+    m, k = a.shape
+    rows = _MM["rows"]
+    ap = _pad_rows(a, rows)
+    nb = ap.shape[0] // rows
+    bp = _pad_cols(b, _MM["min_n"])
+    out = _block_mm(ap.view(nb, rows, k), bp[None].expand(nb, k, bp.shape[1]))
+    return out.view(nb * rows, -1)[:m, :b.shape[1]].to(a.dtype)
+
+
+def bmm(a, b):
+    """a [B, M, K] @ b [B, K, N] -> [B, M, N]: every entry cut into the same fixed [rows, K] blocks."""
+    nb, m, k = a.shape
+    rows = _MM["rows"]
+    ap = _pad_rows(a, rows)
+    blocks = ap.shape[1] // rows
+    bp = _pad_cols(b, _MM["min_n"])
+    n_pad = bp.shape[2]
+    bp = bp[:, None].expand(nb, blocks, k, n_pad).reshape(nb * blocks, k, n_pad)
+    out = _block_mm(ap.view(nb * blocks, rows, k), bp)
+    return out.view(nb, blocks * rows, n_pad)[:, :m, :b.shape[2]].to(a.dtype)
 
 
 def linear(x, weight, bias=None):

@@ -103,3 +103,18 @@ def test_negative_control_vendor_cpu_mm_varies_with_m():
     # The same helper that passes samebits' matmul at these sizes sees the vendor's M-dependence.
     with pytest.raises(AssertionError, match="differ"):
         check_row_invariance(lambda x: x @ w, row, lambda m: rand((m, k), torch.float32, g), differ, g, "vendor mm")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bmm_entry_alone_equals_entry_in_batch(dtype):
+    # The drop-in mode's bmm (attention scores in eager models): an entry must not see its batch neighbours.
+    from samebits.kernels.cpu import bmm
+
+    g = fresh_generator()
+    for m, k, n in [(12, 16, 12), (1, 16, 1), (70, 33, 5)]:
+        entry = torch.cat([rand((m, k), dtype, g), rand((k, n), dtype, g).t()], dim=0)  # [m + n, k]
+        fn = lambda e: bmm(e[:, :m], e[:, m:].transpose(1, 2))  # noqa: E731
+        check_row_invariance(fn, entry, lambda b: rand((b, m + n, k), dtype, g), [2, 3, 17, 64, 256], g,
+                             f"bmm {m}x{k}x{n} {dtype}")
+        ref = entry[:m].double() @ entry[m:].double().t()
+        assert (fn(entry[None])[0].double() - ref).abs().max() <= 1e-2 * ref.abs().max()
