@@ -8,23 +8,38 @@ from samebits.engine.llm import LLM
 from samebits.engine.sampling_params import SamplingParams
 from samebits.models.testing import write_tiny_checkpoint
 
-# Wide enough that vendor CPU matmuls change their blocking with M (the negative control needs that).
-SHAPE = dict(hidden_size=256, intermediate_size=512, vocab_size=1024, num_attention_heads=4, num_key_value_heads=2)
+# Wide enough that vendor matmuls change their blocking with M (the negative control needs that); on the GPU in
+# bf16 with head_dim 128, where cuBLAS and SDPA pick kernels by shape.
+SHAPES = {
+    "cpu": dict(hidden_size=256, intermediate_size=512, vocab_size=1024, num_attention_heads=4, num_key_value_heads=2),
+    "cuda": dict(hidden_size=1024, intermediate_size=2816, vocab_size=8192, num_attention_heads=8,
+                 num_key_value_heads=2, num_hidden_layers=4, torch_dtype="bfloat16"),
+}
+
+
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return str(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "llama3", seed=1, **SHAPE))
+def ckpt(tmp_path_factory, device):
+    return str(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "llama3", seed=1, **SHAPES[device]))
+
+
+def make(ckpt, device, **kw):
+    kw = {"kv_cache_tokens": 16384, "max_num_batched_tokens": 256, "mode": "deterministic", **kw}
+    return LLM(model=ckpt, device=device, **kw)
 
 
 @pytest.fixture(scope="module")
-def llm(ckpt):
-    return LLM(model=ckpt, mode="deterministic", device="cpu", kv_cache_tokens=16384, max_num_batched_tokens=256)
+def llm(ckpt, device):
+    return make(ckpt, device)
 
 
 @pytest.fixture(scope="module")
-def fast(ckpt):
-    return LLM(model=ckpt, mode="fast", device="cpu", kv_cache_tokens=16384, max_num_batched_tokens=256)
+def fast(ckpt, device):
+    return make(ckpt, device, mode="fast")
 
 
 def prompts(n: int, seed: int, lo: int = 3, hi: int = 60) -> list[list[int]]:
@@ -82,18 +97,17 @@ def test_bs1_vs_bs32(llm):
     assert alone_vs_together_mismatches(llm) == 0
 
 
-def test_chunked_prefill_replicated_at_many_batch_sizes(ckpt):
-    small = LLM(model=ckpt, mode="deterministic", device="cpu", kv_cache_tokens=16384, max_num_batched_tokens=48)
+def test_chunked_prefill_replicated_at_many_batch_sizes(ckpt, device):
+    small = make(ckpt, device, max_num_batched_tokens=48)
     long_prompt = prompts(1, seed=9, lo=150, hi=150)[0]  # > 3 budgets: cut at several boundaries
     ref = run(small, [long_prompt], SAMPLED)[0]
     for bs in [2, 3, 5, 7, 10, 15, 16, 17]:
         assert all(k == ref for k in run(small, [long_prompt] * bs, SAMPLED)), f"batch {bs}"
 
 
-def test_prefix_cache_cold_vs_hot_and_mixed_prefixes(ckpt):
-    cached = LLM(model=ckpt, mode="deterministic", device="cpu", kv_cache_tokens=16384, max_num_batched_tokens=256)
-    uncached = LLM(model=ckpt, mode="deterministic", device="cpu", kv_cache_tokens=16384,
-                   max_num_batched_tokens=256, enable_prefix_caching=False)
+def test_prefix_cache_cold_vs_hot_and_mixed_prefixes(ckpt, device):
+    cached = make(ckpt, device)
+    uncached = make(ckpt, device, enable_prefix_caching=False)
     rng = random.Random(2)
     base = prompts(1, seed=4, lo=100, hi=100)[0]
     ps = [base[:rng.choice([17, 33, 48, 64, 90])] + prompts(1, seed=50 + i, lo=2, hi=9)[0] for i in range(12)]
@@ -113,10 +127,9 @@ def test_generate_logprobs_equal_teacher_forced_score(llm):
         assert torch.equal(torch.tensor(scored, dtype=torch.float32), torch.tensor(c.logprobs, dtype=torch.float32))
 
 
-def test_preemption_gives_the_same_outputs(ckpt):
-    ample = LLM(model=ckpt, mode="deterministic", device="cpu", kv_cache_tokens=16384, max_num_batched_tokens=128)
-    tight = LLM(model=ckpt, mode="deterministic", device="cpu", kv_cache_tokens=512, max_model_len=256,
-                max_num_batched_tokens=128)
+def test_preemption_gives_the_same_outputs(ckpt, device):
+    ample = make(ckpt, device, max_num_batched_tokens=128)
+    tight = make(ckpt, device, kv_cache_tokens=512, max_model_len=256, max_num_batched_tokens=128)
     ps = prompts(10, seed=8, lo=40, hi=70)
     params = SamplingParams(temperature=0.8, seed=3, max_tokens=24, logprobs=0, ignore_eos=True)
     assert run(tight, ps, params) == run(ample, ps, params)

@@ -1,0 +1,205 @@
+"""End-to-end benchmark (GPU): fast vs deterministic vs bucketed vs HF `generate`, on an 8B-shaped random model.
+
+Also measures how much invariance each mode really has: requests re-run alone vs inside the full load.
+Writes e2e.json and e2e.png to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from samebits.engine.config import EngineConfig
+from samebits.engine.llm_engine import LLMEngine
+from samebits.engine.sampling_params import SamplingParams
+from samebits.kernels import get_ops
+from samebits.models.config import ModelConfig
+from samebits.models.loader import LoadedModel
+from samebits.models.testing import random_model
+
+SHAPES = {
+    "8b": dict(architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+               num_heads=32, num_kv_heads=8, head_dim=128, max_position_embeddings=8192, rope_theta=500000.0),
+    "1b": dict(architecture="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16,
+               num_heads=32, num_kv_heads=8, head_dim=64, max_position_embeddings=8192, rope_theta=500000.0),
+}
+
+
+class NullTokenizer:
+    """Random-weight models have no vocabulary worth decoding; the engine only needs these."""
+    eos_token_ids: set[int] = set()
+
+    def decode(self, ids, skip_special_tokens=True) -> str:
+        return ""
+
+
+def workload(n: int, seed: int, in_range, out_range, vocab: int):
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(*in_range))] for _ in range(n)]
+    return prompts, [rng.randint(*out_range) for _ in range(n)]
+
+
+def make_engine(loaded, mode: str, policy: str, **kw) -> LLMEngine:
+    loaded.model.set_ops(get_ops(mode, "cuda"))
+    cfg = EngineConfig(model="random", mode=mode, policy=policy, device="cuda", dtype="bfloat16",
+                       max_num_batched_tokens=kw.get("budget", 8192), max_num_seqs=256, cuda_graphs=False)
+    return LLMEngine(cfg, loaded)
+
+
+def run_load(engine, prompts, max_tokens, seed=0):
+    """All requests at t=0; returns outputs by index and timing (TTFT, inter-token latency, throughput)."""
+    t0 = time.perf_counter()
+    first, done = {}, {}
+    for i, (p, m) in enumerate(zip(prompts, max_tokens)):
+        engine.add_request(str(i), p, SamplingParams(temperature=0.8, seed=seed + i, max_tokens=m, logprobs=0,
+                                                     ignore_eos=True))
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            now = time.perf_counter() - t0
+            first.setdefault(out.request_id, now)
+            if out.finished:
+                done[out.request_id] = (out, now)
+    torch.cuda.synchronize()
+    total = time.perf_counter() - t0
+    gen = sum(len(done[str(i)][0].outputs[0].token_ids) for i in range(len(prompts)))
+    itl = [(done[str(i)][1] - first[str(i)]) / max(1, max_tokens[i] - 1) for i in range(len(prompts))]
+    return [done[str(i)][0] for i in range(len(prompts))], {
+        "seconds": total, "output_tok_per_s": gen / total, "ttft_mean_s": sum(first.values()) / len(first),
+        "itl_mean_ms": 1e3 * sum(itl) / len(itl), "generated_tokens": gen}
+
+
+def key(out, k: int):
+    c = out.outputs[0]
+    return c.token_ids[:k], torch.tensor(c.logprobs[:k], dtype=torch.float32).view(torch.int32).tolist()
+
+
+def invariance(engine, prompts, outs, picks, k: int) -> int:
+    """Requests re-run alone (first k tokens, same seed) vs inside the full load: how many differ."""
+    bad = 0
+    for i in picks:
+        engine.add_request(f"alone-{i}", prompts[i], SamplingParams(temperature=0.8, seed=i, max_tokens=k,
+                                                                    logprobs=0, ignore_eos=True))
+        out = None
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                out = o if o.finished else out
+        bad += key(out, k) != key(outs[i], k)
+    return bad
+
+
+def decode_step_ms(engine, prompt_len: int = 512, steps: int = 64) -> float:
+    prompt = list(range(prompt_len))
+    engine.add_request("b1", prompt, SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True))
+    engine.step()  # prefill
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+    torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - t) / steps
+
+
+def hf_generate(shape: dict, batch: int, in_len: int, out_len: int) -> float:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"],
+                      intermediate_size=shape["intermediate_size"], num_hidden_layers=shape["num_layers"],
+                      num_attention_heads=shape["num_heads"], num_key_value_heads=shape["num_kv_heads"],
+                      max_position_embeddings=shape["max_position_embeddings"], rope_theta=shape["rope_theta"])
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    ids = torch.randint(0, shape["vocab_size"], (batch, in_len), device="cuda")
+    model.generate(ids[:, :16], max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    model.generate(ids, max_new_tokens=out_len, min_new_tokens=out_len, do_sample=False)
+    torch.cuda.synchronize()
+    secs = time.perf_counter() - t
+    del model
+    torch.cuda.empty_cache()
+    return batch * out_len / secs
+
+
+def weights_floor_ms(loaded) -> float:
+    nbytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    return 1e3 * nbytes / 4.0e12  # measured copy bandwidth on this H200 is ~4 TB/s (KINDS.md / METHOD.md)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--shape", default="8b", choices=sorted(SHAPES))
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--quick", action="store_true", help="short outputs, for a smoke run")
+    ap.add_argument("--skip-hf", action="store_true")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    shape = SHAPES[args.shape]
+    config = ModelConfig(**shape)
+    model = random_model(config, get_ops("fast", "cuda"), torch.bfloat16, seed=0)
+    loaded = LoadedModel(model, NullTokenizer(), config, f"random-{args.shape}", Path("."))
+    out_range = (16, 32) if args.quick else (128, 512)
+    prompts, max_tokens = workload(args.requests, 0, (128, 1024), out_range, shape["vocab_size"])
+    picks = list(range(0, args.requests, max(1, args.requests // 8)))[:8]
+    report = {"shape": args.shape, "requests": args.requests, "modes": {}}
+    for mode, policy in [("fast", "dynamic"), ("deterministic", "dynamic"), ("fast", "bucketed")]:
+        engine = make_engine(loaded, mode, policy)
+        run_load(engine, prompts[:4], [4] * 4)  # warm-up: compile kernels
+        outs, stats = run_load(engine, prompts, max_tokens)
+        stats["alone_vs_loaded_mismatches"] = invariance(engine, prompts, outs, picks, 16)
+        stats["checked"] = len(picks)
+        stats["batch1_decode_ms"] = decode_step_ms(engine)
+        report["modes"][f"{mode}/{policy}"] = stats
+        print(mode, policy, json.dumps(stats), flush=True)
+        del engine
+        torch.cuda.empty_cache()
+    report["weights_floor_ms"] = weights_floor_ms(loaded)
+    fast = report["modes"]["fast/dynamic"]["output_tok_per_s"]
+    report["deterministic_tax"] = 1 - report["modes"]["deterministic/dynamic"]["output_tok_per_s"] / fast
+    if not args.skip_hf:
+        del model, loaded
+        torch.cuda.empty_cache()
+        report["hf_generate_b64_tok_per_s"] = hf_generate(shape, 64, 512, 32 if args.quick else 128)
+    (args.out / "e2e.json").write_text(json.dumps(report, indent=2))
+    print_table(report)
+    plot(report, args.out / "e2e.png")
+
+
+def print_table(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"e2e {report['shape']}, {report['requests']} requests")
+    for c in ("mode", "tok/s", "TTFT s", "ITL ms", "b1 decode ms", "alone≠loaded"):
+        t.add_column(c)
+    for name, s in report["modes"].items():
+        t.add_row(name, f"{s['output_tok_per_s']:.0f}", f"{s['ttft_mean_s']:.2f}", f"{s['itl_mean_ms']:.1f}",
+                  f"{s['batch1_decode_ms']:.2f}", f"{s['alone_vs_loaded_mismatches']}/{s['checked']}")
+    Console().print(t)
+    print(f"weights floor {report['weights_floor_ms']:.2f} ms; deterministic tax {report['deterministic_tax']:.1%}; "
+          f"HF generate b64 {report.get('hf_generate_b64_tok_per_s', float('nan')):.0f} tok/s")
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["modes"]) + (["HF generate b64"] if "hf_generate_b64_tok_per_s" in report else [])
+    vals = [s["output_tok_per_s"] for s in report["modes"].values()] + (
+        [report["hf_generate_b64_tok_per_s"]] if "hf_generate_b64_tok_per_s" in report else [])
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.barh(names, vals)
+    ax.set_xlabel("output tokens / s")
+    ax.set_title(f"e2e, {report['shape']}-shaped random model, H200")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
