@@ -4,7 +4,7 @@ import torch
 
 from samebits.kernels import get_ops
 from samebits.models import LlamaModel, load_model
-from samebits.models.testing import VARIANTS, write_tiny_checkpoint
+from samebits.models.testing import VARIANTS, write_tiny_checkpoint, write_tiny_gguf
 from tests.models.helpers import decode_logits, greedy, prefill_logits
 
 PROMPTS = ["What is the capital of France?", "the cat sat on the mat " * 6, "hello", "Paris is the capital"]
@@ -67,3 +67,10 @@ def test_decode_logits_match_prefill_rows(tiny):
     steps = decode_logits(tiny.model, prompt, continuation)
     full = prefill_logits(tiny.model, [prompt + continuation])[0][len(prompt) - 1:]
     assert float((steps - full).abs().max()) < 1e-5
+
+
+def test_load_model_takes_a_gguf_path(tmp_path):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", "qwen2", qtype="Q8_0")
+    loaded = load_model(path)
+    assert (loaded.name, loaded.path, loaded.config.architecture) == ("tiny.gguf", path, "qwen2")
+    assert loaded.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]).endswith("<|im_start|>assistant\n")

@@ -13,7 +13,8 @@ from tests.models.helpers import get_test_ops, prefill_logits
 
 transformers = pytest.importorskip("transformers")
 
-# fp32 CPU, logits of magnitude ~1-10: measured max-abs-diff is ~1e-6; the bound leaves room for kernel changes.
+# fp32 CPU, logits up to ~3: measured max-abs-diff <= 1.8e-6 (safetensors) and <= 3.6e-7 (GGUF), fast and
+# deterministic mode alike; the bound leaves room for kernel changes.
 MAX_ABS_DIFF = 1e-4
 PROMPTS = ["What is the capital of France?", "the cat sat on the mat", "hello", "Paris",
            "The capital of France is Paris, and the cat sat on the mat. " * 4,
@@ -30,7 +31,7 @@ CASES = {
 
 
 def _transformers_checkpoint(path, variant, overrides, sharded, seed=0):
-    """Random weights large enough for sharp attention and logits of magnitude ~10, saved by save_pretrained."""
+    """Random weights (std 0.08) for sharper attention and larger logits than the 0.02 default; save_pretrained."""
     hf = tiny_hf_config(variant, **overrides)
     config = transformers.AutoConfig.for_model(**hf)
     torch.manual_seed(seed)
