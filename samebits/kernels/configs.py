@@ -63,7 +63,7 @@ TILE_CONFIGS["det_sum"] = {
 
 
 TILE_CONFIGS["attention.query_tile"] = {
-    "config": {"rows": 64, "num_warps": 4, "num_stages": 2, "fp_fusion": False},
+    "config": {"rows": 64, "num_warps": 4, "num_stages": 3, "fp_fusion": False},
     "why": "rows = (token, GQA head) pairs; the H200 probe showed head_dim-128 row reductions change with the query "
     "tile, so one tile serves prefill, chunked prefill and decode alike. fp_fusion is pinned for all attention, RoPE "
     "and KV-write kernels (the fold spells its fma out) so Triton's changing default never moves bits.",
@@ -76,9 +76,11 @@ TILE_CONFIGS["attention.kv_tile"] = {
 }
 
 TILE_CONFIGS["attention.split_kv"] = {
-    "config": {"tokens": 256, "merge": "ordered fold 0..n-1, fma(acc_run, a, acc_s * b)"},
+    "config": {"tokens": 1024, "merge": "ordered fold 0..n-1, fma(acc_run, a, acc_s * b)"},
     "why": "fixed split size in tokens: decode runs splits in parallel and merges them, prefill folds the same splits "
-    "sequentially with the same formula.",
+    "sequentially with the same formula. 1024 (and 3 stages, 64 rows) won an H200 sweep of rows 64/128, KV tile "
+    "64/128, split 256-2048, stages 2/3 (benchmarks/attention.py --sweep): longer splits keep the tile loop "
+    "pipelined; 128-row tiles doubled decode's wasted rows.",
 }
 
 TILE_CONFIGS["attention.cpu"] = {

@@ -54,7 +54,8 @@ def test_triton_invariants(d, hq, hkv, lens):
     assert_same_bits(torch.cat(full_prefill(world, tri)), torch.cat(full), "repeat run")
 
 
-def test_parallel_splits_merge_equals_sequential_fold_for_prefill_chunks():
+def test_parallel_splits_merge_equals_sequential_fold_for_prefill_chunks(monkeypatch):
+    monkeypatch.setattr(triton_ops, "SPLIT", 128)  # several splits at interpreter-sized lengths
     world = make_world([300, 270], 8, 2, 64, 16, seed=3, device=DEVICE)
     reqs = [(0, 300, 40), (1, 270, 17)]
     folded = run(world, reqs, tri, parallel_splits=False)
