@@ -45,10 +45,15 @@ def _block_mm(a_blocks, b_blocks):
     return torch.bmm(a_blocks, b_blocks, out=out)
 
 
+def block_rows(m: int) -> int:
+    """Rows per fixed-shape block for an M-row product (every size in the table gives a row the same bits)."""
+    return next(rows for max_m, rows in _MM["block_rows"] if m <= max_m)
+
+
 def matmul(a, b):
     """a [M, K] @ b [K, N] -> [M, N] in a.dtype, fp32 accumulation, bits independent of M."""
     m, k = a.shape
-    rows = _MM["rows"]
+    rows = block_rows(m)
     ap = _pad_rows(a, rows)
     nb = ap.shape[0] // rows
     bp = _pad_cols(b, _MM["min_n"])
@@ -59,7 +64,7 @@ def matmul(a, b):
 def bmm(a, b):
     """a [B, M, K] @ b [B, K, N] -> [B, M, N]: every entry cut into the same fixed [rows, K] blocks."""
     nb, m, k = a.shape
-    rows = _MM["rows"]
+    rows = block_rows(m)
     ap = _pad_rows(a, rows)
     blocks = ap.shape[1] // rows
     bp = _pad_cols(b, _MM["min_n"])
