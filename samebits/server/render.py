@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # JSON has no -inf; OpenAI-compatible servers send this instead (vLLM does the same).
 NEG_INF_LOGPROB = -9999.0
@@ -102,7 +102,6 @@ class ChoiceCursor:
     tokens: int = 0
     text: str = ""
     done: bool = False
-    extra: dict = field(default_factory=dict)
 
     def advance(self, out, stops: list[str]) -> tuple[list[int], int, str] | None:
         """New (token_ids, first index, text) since the last call, or None when nothing new is sendable."""

@@ -1,6 +1,7 @@
 """The two generation endpoints: parse, check against the model's limits, run on the AsyncEngine, render."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import secrets
@@ -461,6 +462,7 @@ async def handle(state: ServerState, request: Request, model: type[BaseModel], b
     except ClientDisconnect:
         state.metrics.disconnects.inc()
         return Response(status_code=STATUS_CLIENT_GONE)
-    job = build(state, req, arrival)
+    # Off the event loop: tokenising a megabyte prompt or rendering a chat template must not stall other streams.
+    job = await asyncio.to_thread(build, state, req, arrival)
     return await respond(state, request, job, bool(req.stream))
 
