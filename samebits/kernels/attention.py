@@ -113,7 +113,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _check(q, k_cache, v_cache, meta, deterministic)
     if q.shape[0] == 0:
         return torch.empty_like(q)
+    if q.is_cuda and not deterministic and q.shape[2] not in TRITON_HEAD_DIMS:
+        return paged_attention_sdpa(q, k_cache, v_cache, meta, scale)  # fast mode may use a batch-variant path
     if q.is_cuda or _force_triton():
+        # Fast mode on CUDA runs the same kernel: it is already at least as fast as the per-sequence SDPA fallback.
         from samebits.kernels import attention_triton
 
         return attention_triton.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=None)
