@@ -27,9 +27,10 @@ CHATML = (
 _WORDS = ("the", "Ġthe", "Ġa", "Ġis", "Ġof", "Ġand", "Ġto", "Ġin", "Ġcapital", "ĠParis", "ĠFrance", "ĠWhat", "Ġhello",
           "Ġworld", "ing", "er", "ĠThe", "Ġcat", "Ġsat", "Ġon", "Ġmat")
 
+# head_dim 64: the smallest the CUDA attention kernel takes, so every variant runs on the GPU too.
 _BASE = {
-    "vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+    "vocab_size": 320, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "hidden_act": "silu",
     "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
 }
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -41,10 +42,11 @@ VARIANTS = {
                 "sliding_window": 4096},
     "qwen2": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "rope_theta": 1000000.0,
               "use_sliding_window": False},
-    "qwen3": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "rope_theta": 1000000.0, "head_dim": 32,
+    "qwen3": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "rope_theta": 1000000.0,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,  # q width 256 != hidden 128
               "attention_bias": False, "use_sliding_window": False},
     "smollm2": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "rope_theta": 100000.0,
-                "tie_word_embeddings": True, "num_key_value_heads": 1},
+                "tie_word_embeddings": True},
 }
 # Config keys an override may set: the ones ModelConfig.from_hf reads. Anything else is a typo.
 OVERRIDABLE = set(_BASE) | {"rope_theta", "rope_scaling", "head_dim", "sliding_window", "use_sliding_window",

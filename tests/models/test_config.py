@@ -14,7 +14,7 @@ def test_each_variant_maps_its_features():
     qwen2 = ModelConfig.from_hf(tiny_hf_config("qwen2"))
     assert qwen2.qkv_bias and not qwen2.o_bias
     qwen3 = ModelConfig.from_hf(tiny_hf_config("qwen3"))
-    assert qwen3.qk_norm and qwen3.head_dim == 32 and qwen3.q_size == 128
+    assert qwen3.qk_norm and qwen3.head_dim == 64 and qwen3.q_size == 256 != qwen3.hidden_size
     assert ModelConfig.from_hf(tiny_hf_config("smollm2")).tie_word_embeddings
     assert ModelConfig.from_hf(tiny_hf_config("llama3", attention_bias=True)).o_bias
 
