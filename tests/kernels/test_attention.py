@@ -11,8 +11,13 @@ import pytest
 import torch
 
 from samebits.diagnostics.compare import assert_same_bits, mismatch
-from samebits.kernels.attention import (AttentionMetadata, AttentionUnsupported, paged_attention, paged_attention_cpu,
-                                        paged_attention_reference)
+from samebits.kernels.attention import (
+    AttentionMetadata,
+    AttentionUnsupported,
+    paged_attention,
+    paged_attention_cpu,
+    paged_attention_reference,
+)
 from samebits.kernels.kv_cache import allocate_kv_cache, write_kv
 
 
@@ -178,6 +183,24 @@ def test_negative_control_decode_specialised_tile_is_caught():
     full = full_prefill(world, decode_specialised_tile)[0]
     decoded = torch.cat([run(world, [(0, t + 1, 1)], decode_specialised_tile)[0] for t in range(100, 300)])
     assert not mismatch(decoded, full[100:]).same
+
+
+class SettlingTile:
+    """A deliberately run-to-run-variant kernel: like an autotuner, it changes its KV tile after the first call."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, q, k_cache, v_cache, meta, scale):
+        self.calls += 1
+        return paged_attention_cpu(q, k_cache, v_cache, meta, scale, tile=64 if self.calls == 1 else 32)
+
+
+def test_negative_control_run_to_run_variation_is_caught():
+    world = make_world([5, 300, 129], 8, 2, 128, 16, seed=11)
+    kernel = SettlingTile()
+    first = torch.cat(full_prefill(world, kernel))
+    assert not mismatch(torch.cat(full_prefill(world, kernel)), first).same
 
 
 # ---- fail loud --------------------------------------------------------------------------------------------------------
