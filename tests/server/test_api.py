@@ -191,3 +191,26 @@ def test_models_version_health(server, client):
         v = http.get("/version").json()
         assert v["hash"] == http.get("/health").headers["x-samebits-fingerprint"] and v["samebits"]
         assert http.get("/health").json() == {"status": "ok"}
+
+
+def test_streaming_with_stop_strings_equals_non_streaming(client):
+    kw = {"model": MODEL_NAME, "prompt": "the cat", "max_tokens": 12, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    text = client.completions.create(**kw).choices[0].text.rstrip("\ufffd")
+    if len(text) < 4:
+        pytest.skip("the random model produced too little text to cut")
+    stops = [text[2:4], "never-appears-" + text[:2]]
+    whole = client.completions.create(stop=stops, **kw).choices[0]
+    streamed, _ = _stream_concat(client, stop=stops, **kw)
+    assert (streamed[0]["text"], streamed[0]["ids"], streamed[0]["finish"]) == (whole.text, whole.token_ids,
+                                                                                whole.finish_reason)
+    assert whole.finish_reason == "stop"
+
+
+def test_request_id_echo_is_sanitised_and_charset_accepted(server):
+    body = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 1}
+    with server.client() as http:
+        r = http.post("/v1/completions", json=body, headers={"X-Request-Id": "bad id\twith spaces"})
+        assert r.status_code == 200 and r.headers["x-request-id"] != "bad id\twith spaces"
+        r = http.post("/v1/completions", content=json.dumps(body).encode(),
+                      headers={"content-type": "application/json; charset=utf-8", "X-Request-Id": "trace.42:a-b"})
+        assert r.status_code == 200 and r.headers["x-request-id"] == "trace.42:a-b"
