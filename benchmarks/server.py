@@ -34,9 +34,9 @@ SERVED_NAME = "bench"
 SHAPES = {
     # Llama-3-8B's shape; the weights are random (N(0, 0.02)), which costs the same FLOPs and bytes.
     "8b": {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-               "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 8192,
-               "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                 "original_max_position_embeddings": 8192}},
+           "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 8192,
+           "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8192}},
     "tiny": {},
 }
 

@@ -229,6 +229,8 @@ class AsyncEngine:
             self._post(self._fail_all, e)
         finally:
             self._fail_pending_commands()
+            # Also on a clean shutdown: a request still waiting must hear that no output will come.
+            self._post(self._fail_all, self.error or RuntimeError("the engine was shut down"))
 
     def _step(self) -> None:
         outputs = self.engine.step()

@@ -19,8 +19,9 @@ def uvicorn_config(app, config: ServerConfig, **overrides):
     # h11, not httptools: its incomplete-event limit bounds the raw header block. It is set above the middleware's
     # limit so that a slightly large header block gets the JSON 431 and only a huge one meets h11's bare 400.
     values = {"host": config.host, "port": config.port, "http": "h11", "loop": "asyncio", "lifespan": "on",
-                  "log_level": config.log_level, "timeout_keep_alive": config.timeout_keep_alive,
-                  "h11_max_incomplete_event_size": 2 * config.max_header_bytes, "server_header": False}
+              "log_level": config.log_level, "timeout_keep_alive": config.timeout_keep_alive,
+              "h11_max_incomplete_event_size": 2 * config.max_header_bytes, "server_header": False,
+              "timeout_graceful_shutdown": 30}
     values.update(overrides)
     return uvicorn.Config(app, **values)
 

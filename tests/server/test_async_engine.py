@@ -138,3 +138,16 @@ def test_event_loop_stays_responsive_during_slow_steps():
         assert worst < 0.15, f"the event loop stalled {worst:.3f}s behind a 0.2s step"
 
     run(body, engine)
+
+
+def test_shutdown_fails_waiting_requests_instead_of_hanging():
+    engine = FakeLLMEngine(step_delay_s=0.01)
+
+    async def body(ae):
+        task = asyncio.ensure_future(drain(ae, "a", max_tokens=250))
+        await asyncio.sleep(0.05)
+        await asyncio.to_thread(ae.shutdown)
+        with pytest.raises(EngineDead, match="shut down"):
+            await asyncio.wait_for(task, 5)
+
+    run(body, engine)
