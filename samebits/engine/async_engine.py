@@ -254,7 +254,8 @@ class AsyncEngine:
                 self.engine.add_request(request_id, ids, params, prompt=prompt)
             else:
                 self.engine.abort_request(args[0])
-        except Exception as e:  # noqa: BLE001 - a bad request (or an unknown id to abort) fails that request, not the loop
+        # A bad request (or an unknown id to abort) fails that request, never the loop.
+        except Exception as e:  # noqa: BLE001
             if kind == "add":
                 _settle(future, error=e)
                 return

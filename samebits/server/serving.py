@@ -256,7 +256,8 @@ def _chat_ids(state: ServerState, req: ChatRequest) -> list[int]:
     messages = message_dicts(req.messages)
     try:
         text = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    except Exception as e:  # noqa: BLE001 - the template's own raise_exception (e.g. roles must alternate) is the client's problem
+    # The template's own raise_exception (e.g. "roles must alternate") is the client's problem, whatever its type.
+    except Exception as e:  # noqa: BLE001
         raise invalid(f"messages cannot be rendered by the chat template: {e}", "messages") from None
     return state.tokenizer.encode(text, add_special_tokens=False)
 

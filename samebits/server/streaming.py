@@ -19,7 +19,7 @@ async def until_disconnect(receive) -> None:
 
 
 async def race_disconnect(awaitable: Awaitable, receive):
-    """Await `awaitable` unless the client leaves first: then cancel it (its request is aborted) and raise ClientGone."""
+    """Await `awaitable` unless the client leaves first: then cancel it (aborting its requests), raise ClientGone."""
     work = asyncio.ensure_future(awaitable)
     watch = asyncio.ensure_future(until_disconnect(receive))
     try:

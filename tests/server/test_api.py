@@ -135,8 +135,8 @@ def _stream_concat(client, **kw):
 
 
 def test_streaming_equals_non_streaming(client):
-    kw = {"model": MODEL_NAME, "prompt": ["hello world", "the cat sat"], "max_tokens": 6, "temperature": 0.8, "seed": 3, "n": 2,
-              "logprobs": 1}
+    kw = {"model": MODEL_NAME, "prompt": ["hello world", "the cat sat"], "max_tokens": 6, "temperature": 0.8,
+          "seed": 3, "n": 2, "logprobs": 1}
     whole = client.completions.create(**kw)
     streamed, usage = _stream_concat(client, **kw)
     assert sorted(streamed) == [c.index for c in whole.choices]
@@ -194,7 +194,8 @@ def test_models_version_health(server, client):
 
 
 def test_streaming_with_stop_strings_equals_non_streaming(client):
-    kw = {"model": MODEL_NAME, "prompt": "the cat", "max_tokens": 12, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    kw = {"model": MODEL_NAME, "prompt": "the cat", "max_tokens": 12, "temperature": 0,
+          "extra_body": {"ignore_eos": True}}
     text = client.completions.create(**kw).choices[0].text.rstrip("\ufffd")
     if len(text) < 4:
         pytest.skip("the random model produced too little text to cut")
