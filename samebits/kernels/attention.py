@@ -84,9 +84,10 @@ def _check_lens(query_lens, context_lens, tables, block_size) -> None:
                              f"{block_size} for {ctx} tokens, block table has {len(table)}")
 
 
-def _fail(why: str, q, k_cache) -> None:
+def _fail(why: str, q, k_cache, deterministic: bool = True) -> None:
+    mode = "deterministic" if deterministic else "fast"
     raise AttentionUnsupported(
-        f"paged_attention (deterministic): {why}; q {tuple(q.shape)} {q.dtype} on {q.device}, "
+        f"paged_attention ({mode}): {why}; q {tuple(q.shape)} {q.dtype} on {q.device}, "
         f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} on {k_cache.device}")
 
 
@@ -102,7 +103,8 @@ def _check(q, k_cache, v_cache, meta, deterministic: bool) -> None:
     if q.shape[1] // k_cache.shape[2] > QUERY_ROWS:
         _fail(f"GQA group {q.shape[1] // k_cache.shape[2]} exceeds the {QUERY_ROWS}-row query tile", q, k_cache)
     if deterministic and q.is_cuda and q.shape[2] not in TRITON_HEAD_DIMS:
-        _fail(f"head_dim {q.shape[2]} has no fixed Triton tile (supported: {TRITON_HEAD_DIMS})", q, k_cache)
+        _fail(f"head_dim {q.shape[2]} has no fixed Triton tile (supported: {TRITON_HEAD_DIMS})", q, k_cache,
+              deterministic)
     if meta.cu_seqlens_q.shape[0] != meta.num_seqs + 1:
         _fail("cu_seqlens_q must have B + 1 entries", q, k_cache)
 
