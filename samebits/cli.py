@@ -212,7 +212,7 @@ def serve(
     try:
         config = ServerConfig(**{**values, "api_keys": tuple(api_keys)})
         run_server(config)
-    except (ValueError, ServeError) as e:
+    except (ValueError, ServeError, OSError) as e:  # bad flags, no template, no model: one line, no traceback
         fail(str(e))
 
 
