@@ -139,3 +139,32 @@ def test_unknown_fields_ignored(server):
         assert r.status_code == 200, r.text
         assert http.post(CMPL, json=c(temperature=0)).json()["choices"][0]["token_ids"] == \
             r.json()["choices"][0]["token_ids"]
+
+
+def test_bad_inputs_interleaved_with_good_ones_under_concurrency(server):
+    import asyncio
+
+    import httpx
+
+    cases = [x for x in CASES if x[0] != "body_too_large"]  # 5 MB each would only slow the test down
+
+    async def run():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+            async def bad(case):
+                _, path, body, headers, status, _, _ = case
+                if isinstance(body, bytes):
+                    r = await http.post(path, content=body, headers={"content-type": "application/json", **headers})
+                else:
+                    r = await http.post(path, json=body, headers=headers)
+                return r.status_code, status
+
+            async def good(i):
+                r = await http.post(CMPL, json=c(prompt=f"hello {i}", max_tokens=3, temperature=0.5, seed=i))
+                return r.status_code, 200
+
+            jobs = [bad(x) for x in cases] + [good(i) for i in range(len(cases))]
+            return await asyncio.gather(*jobs)
+
+    results = asyncio.run(run())
+    assert all(got == want for got, want in results), [r for r in results if r[0] != r[1]]
+    assert server.healthy()
