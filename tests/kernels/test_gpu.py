@@ -1,0 +1,128 @@
+"""GPU proof at real shapes: bitwise batch invariance of the Triton kernels, and the measured facts they rest on."""
+import pytest
+import torch
+
+import samebits.kernels as K
+from samebits.diagnostics.compare import assert_same_bits, mismatch
+
+pytestmark = pytest.mark.gpu
+KDIM = 4096
+# M from 1 to 8192, odd sizes included; every matmul bucket boundary and its neighbours.
+M_SIZES = [1, 2, 3, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 255, 256, 257, 1000, 1023, 1025, 2049, 4095, 8192]
+M_SIZES_WIDE = [1, 3, 17, 33, 65, 257, 1025, 4095]
+
+
+def _gen():
+    g = torch.Generator(device="cuda")
+    g.manual_seed(torch.seed() % 2**31)
+    return g
+
+
+def _randn(shape, dtype, g, scale=1.0):
+    return (torch.randn(shape, generator=g, device="cuda", dtype=torch.float32) * scale).to(dtype)
+
+
+def _check_prefixes(fn, x, sizes, what, g):
+    """fn over the first m rows must equal fn over all rows, row for row, and under a random row order."""
+    full = fn(x)
+    for m in sizes:
+        assert_same_bits(fn(x[:m]), full[:m], f"{what}: M={m} vs M={len(x)}")
+    perm = torch.randperm(len(x), generator=g, device="cuda")
+    assert_same_bits(fn(x[perm]), full[perm], f"{what}: permuted rows")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [4096, 6144, 28672, 128256])
+def test_linear_invariant_at_real_shapes(n, dtype):
+    g = _gen()
+    sizes = M_SIZES if n <= 6144 else M_SIZES_WIDE
+    w = _randn((n, KDIM), dtype, g, KDIM ** -0.5)
+    x = _randn((max(sizes), KDIM), dtype, g)
+    bias = _randn((n,), dtype, g) if n == 6144 else None
+    _check_prefixes(lambda t: K.linear(t, w, bias), x, sizes, f"linear N={n} {dtype}", g)
+
+
+def test_linear_fp32_invariant():
+    g = _gen()
+    w, x = _randn((1024, 1024), torch.float32, g), _randn((1025, 1024), torch.float32, g)
+    _check_prefixes(lambda t: K.linear(t, w), x, [1, 17, 64, 65, 300], "linear fp32", g)
+
+
+@pytest.mark.parametrize("k", [4096, 1000, 576, 14336])
+def test_every_tile_in_the_table_gives_the_same_bits(k):
+    # The measured fact the M-bucketed tiles rest on: sequential-K tl.dot order is independent of the tile.
+    import samebits.kernels.matmul as tm
+    from samebits.kernels.configs import TILE_CONFIGS
+
+    g = _gen()
+    x, w = _randn((300, k), torch.bfloat16, g), _randn((1024, k), torch.bfloat16, g, k ** -0.5)
+    configs = TILE_CONFIGS["matmul"]["config"] + [[0, 64, 32, 32, 4, 3, 1], [0, 128, 128, 128, 8, 3, 8]]
+    ref = tm.linear(x, w, config=configs[-1])
+    for cfg in configs:
+        assert_same_bits(tm.linear(x, w, config=cfg), ref, f"K={k} tile {cfg[1:]}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_row_ops_invariant_at_real_shapes(dtype):
+    g = _gen()
+    h, v = 4096, 128256
+    x, w, r = _randn((4097, h), dtype, g), _randn((h,), dtype, g), _randn((4097, h), dtype, g)
+    sizes = [1, 2, 3, 17, 64, 65, 1000, 4096]
+    _check_prefixes(lambda t: K.rms_norm(t, w, 1e-5), x, sizes, f"rms_norm {dtype}", g)
+    xr = torch.cat([x, r], dim=1)
+    _check_prefixes(lambda t: torch.cat(K.add_rms_norm(t[:, :h], t[:, h:], w, 1e-5), 1), xr, sizes,
+                    f"add_rms_norm {dtype}", g)
+    _check_prefixes(lambda t: K.det_sum(t, -1), x, sizes, f"det_sum rows {dtype}", g)
+    logits = _randn((257, v), dtype, g, 4.0)
+    _check_prefixes(K.log_softmax, logits, [1, 2, 33, 256], f"log_softmax V={v} {dtype}", g)
+    _check_prefixes(K.softmax, logits, [1, 7, 128], f"softmax V={v} {dtype}", g)
+
+
+def test_values_match_float64():
+    g = _gen()
+    x, w = _randn((65, KDIM), torch.bfloat16, g), _randn((4096, KDIM), torch.bfloat16, g, KDIM ** -0.5)
+    ref = x.double() @ w.double().t()
+    assert (K.linear(x, w).double() - ref).abs().max() <= 8e-3 * ref.abs().max()
+    logits = _randn((3, 128256), torch.float32, g, 4.0)
+    assert (K.log_softmax(logits).double() - torch.log_softmax(logits.double(), -1)).abs().max() < 1e-4
+    nw = _randn((KDIM,), torch.float32, g)
+    rref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * nw.double()
+    assert (K.rms_norm(x.float(), nw, 1e-5).double() - rref).abs().max() <= 1e-5 * rref.abs().max()
+    big = _randn((1 << 24,), torch.float32, g)
+    assert abs(K.det_sum(big).item() - big.double().sum().item()) <= 1e-6 * big.abs().sum().item()
+
+
+def test_det_sum_is_run_to_run_and_view_stable():
+    g = _gen()
+    x = _randn((1 << 22,), torch.float32, g)
+    first = K.det_sum(x)
+    for _ in range(5):
+        assert torch.equal(K.det_sum(x), first)
+    assert torch.equal(K.det_sum(x.view(1024, 4096)), first)
+
+
+def test_vendor_matmul_differs_with_m():
+    # Negative control: stock cuBLAS changes row 0 with M at this shape (measured: from M >= 64).
+    g = _gen()
+    w, x = _randn((KDIM, 4096), torch.bfloat16, g), _randn((4096, KDIM), torch.bfloat16, g)
+    row0 = (x[:1] @ w)[0]
+    differing = [m for m in (2, 64, 256, 1024, 4096) if not mismatch((x[:m] @ w)[0], row0).same]
+    if not differing:
+        pytest.skip("stock cuBLAS happened to be invariant here")
+    with pytest.raises(AssertionError):
+        assert_same_bits((x[:differing[0]] @ w)[0], row0, "vendor")
+
+
+def test_dropin_llama_on_cuda():
+    transformers = pytest.importorskip("transformers")
+    import samebits
+
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    g = _gen()
+    ids = torch.randint(0, 512, (33, 9), generator=g, device="cuda")
+    with torch.no_grad(), samebits.batch_invariant():
+        alone = model(input_ids=ids[5:6]).logits[0]
+        for b in (8, 33):
+            assert_same_bits(model(input_ids=ids[:b]).logits[5], alone, f"drop-in Llama cuda batch {b}")
