@@ -92,21 +92,23 @@ def _fail(why: str, q, k_cache, deterministic: bool = True) -> None:
 
 
 def _check(q, k_cache, v_cache, meta, deterministic: bool) -> None:
+    def fail(why: str) -> None:
+        _fail(why, q, k_cache, deterministic)
+
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        _fail("q must be [T, Hq, D] and both caches [NB, BS, Hkv, D]", q, k_cache)
+        fail("q must be [T, Hq, D] and both caches [NB, BS, Hkv, D]")
     if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2]:
-        _fail("head dims differ or Hq is not a multiple of Hkv", q, k_cache)
+        fail("head dims differ or Hq is not a multiple of Hkv")
     if q.dtype not in _DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        _fail(f"q and caches must share one dtype of {_DTYPES}", q, k_cache)
+        fail(f"q and caches must share one dtype of {_DTYPES}")
     if q.device != k_cache.device or q.device.type not in ("cpu", "cuda"):
-        _fail("q and caches must be on one cpu or cuda device", q, k_cache)
+        fail("q and caches must be on one cpu or cuda device")
     if q.shape[1] // k_cache.shape[2] > QUERY_ROWS:
-        _fail(f"GQA group {q.shape[1] // k_cache.shape[2]} exceeds the {QUERY_ROWS}-row query tile", q, k_cache)
+        fail(f"GQA group {q.shape[1] // k_cache.shape[2]} exceeds the {QUERY_ROWS}-row query tile")
     if deterministic and q.is_cuda and q.shape[2] not in TRITON_HEAD_DIMS:
-        _fail(f"head_dim {q.shape[2]} has no fixed Triton tile (supported: {TRITON_HEAD_DIMS})", q, k_cache,
-              deterministic)
+        fail(f"head_dim {q.shape[2]} has no fixed Triton tile (supported: {TRITON_HEAD_DIMS})")
     if meta.cu_seqlens_q.shape[0] != meta.num_seqs + 1:
-        _fail("cu_seqlens_q must have B + 1 entries", q, k_cache)
+        fail("cu_seqlens_q must have B + 1 entries")
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
