@@ -3,6 +3,9 @@
 Only the engine thread touches the engine (it is not thread-safe): the event loop sends it commands (add, abort)
 through a deque and a wake-up event, and the thread sends back outputs with `call_soon_threadsafe`. Outputs are
 cumulative, so each request keeps only its latest one: a slow reader skips intermediate steps, never tokens.
+
+Relies on `LLMEngine.step()` returning fresh RequestOutputs (new lists each step) that the engine never mutates
+afterwards, so they cross threads without a copy.
 """
 from __future__ import annotations
 
@@ -11,8 +14,8 @@ import collections
 import concurrent.futures
 import threading
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -43,17 +46,18 @@ class Counters:
 class _Stream:
     """One request's mailbox on the event loop: the latest cumulative output, an error, or closed."""
 
-    def __init__(self) -> None:
+    def __init__(self, final_only: bool) -> None:
         self.latest: Any = None
         self.error: BaseException | None = None
         self.closed = False
         self.started = False
+        self.final_only = final_only
         self.generated = 0
+        self.arrival = time.monotonic()
         self.event = asyncio.Event()
 
     def put(self, out) -> None:
         self.latest = out
-        self.started = True
         self.event.set()
 
     def fail(self, error: BaseException) -> None:
@@ -77,12 +81,9 @@ class _Stream:
             await self.event.wait()
 
 
-def _snapshot(out):
-    """Copy the lists of a RequestOutput so the engine thread may keep appending to its own."""
-    outputs = [replace(o, token_ids=list(o.token_ids),
-                       logprobs=None if o.logprobs is None else list(o.logprobs),
-                       top_logprobs=None if o.top_logprobs is None else list(o.top_logprobs)) for o in out.outputs]
-    return replace(out, outputs=outputs, prompt_token_ids=list(out.prompt_token_ids))
+def _call(hook: Callable[[float], None] | None, value: float) -> None:
+    if hook is not None:
+        hook(value)
 
 
 def _settle(future: concurrent.futures.Future, error: BaseException | None = None) -> None:
@@ -101,6 +102,9 @@ class AsyncEngine:
         self.engine = engine
         self.max_waiting = max_waiting
         self.counters = Counters()
+        # Latency hooks (seconds since admission), called on the event loop: the server's histograms.
+        self.on_first_output: Callable[[float], None] | None = None
+        self.on_finished: Callable[[float], None] | None = None
         self.stats: Any = None
         self._idle_poll_s = idle_poll_s
         self._commands: collections.deque = collections.deque()
@@ -142,14 +146,15 @@ class AsyncEngine:
         return sum(s.started for s in self._streams.values())
 
     # ---- event-loop side -------------------------------------------------------------------------------------------
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params,
-                       prompt: str | None = None) -> AsyncIterator:
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params, prompt: str | None = None, *,
+                       final_only: bool = False) -> AsyncIterator:
         """Yield the request's cumulative RequestOutput as it progresses; the last has `finished` set.
+        `final_only` yields just that last one (a non-streamed response: no wake-up per step).
 
         Raises ValueError (from the engine, naming the field) before the first output, QueueFull, or EngineDead.
         Closing the iterator early aborts the request and frees its KV blocks.
         """
-        stream = self._admit(request_id)
+        stream = self._admit(request_id, final_only)
         added = finished = False
         try:
             await asyncio.wrap_future(self._submit("add", request_id, list(prompt_token_ids), params, prompt))
@@ -168,7 +173,7 @@ class AsyncEngine:
                 self.counters.requests_aborted += added
                 self._submit("abort", request_id)
 
-    def _admit(self, request_id: str) -> _Stream:
+    def _admit(self, request_id: str, final_only: bool) -> _Stream:
         if not self.healthy:
             raise EngineDead("the engine loop has stopped") from self.error
         if request_id in self._streams:
@@ -177,7 +182,7 @@ class AsyncEngine:
             self.counters.requests_rejected += 1
             raise QueueFull(self.max_waiting)
         self.start()
-        stream = self._streams[request_id] = _Stream()
+        stream = self._streams[request_id] = _Stream(final_only)
         return stream
 
     async def abort(self, request_id: str) -> None:
@@ -201,11 +206,20 @@ class AsyncEngine:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
-            generated = sum(len(o.token_ids) for o in out.outputs)
-            self.counters.generation_tokens += generated - stream.generated
-            stream.generated = generated
-            self.counters.requests_finished += bool(out.finished)
-            stream.put(out)
+            self._count(stream, out)
+            if out.finished or not stream.final_only:
+                stream.put(out)
+
+    def _count(self, stream: _Stream, out) -> None:
+        generated = sum(len(o.token_ids) for o in out.outputs)
+        self.counters.generation_tokens += generated - stream.generated
+        stream.generated = generated
+        if not stream.started:
+            stream.started = True
+            _call(self.on_first_output, time.monotonic() - stream.arrival)
+        if out.finished:
+            self.counters.requests_finished += 1
+            _call(self.on_finished, time.monotonic() - stream.arrival)
 
     def _fail_all(self, error: BaseException) -> None:
         dead = EngineDead(f"the engine loop has stopped: {type(error).__name__}: {error}")
@@ -236,7 +250,7 @@ class AsyncEngine:
         outputs = self.engine.step()
         self._refresh_stats()
         if outputs:
-            self._post(self._dispatch, [_snapshot(o) for o in outputs])
+            self._post(self._dispatch, outputs)
 
     def _apply_commands(self) -> bool:
         applied = False

@@ -68,14 +68,18 @@ class Metrics:
     def __init__(self, async_engine) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(async_engine))
-        self.ttft = Histogram("samebits_time_to_first_token_seconds", "Time from arrival to the first token.",
+        self.ttft = Histogram("samebits_time_to_first_token_seconds", "Time from admission to the first token.",
                               buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.e2e = Histogram("samebits_e2e_request_latency_seconds", "Time from arrival to the last token.",
+        self.e2e = Histogram("samebits_e2e_request_latency_seconds", "Time from admission to the last token.",
                              buckets=LATENCY_BUCKETS, registry=self.registry)
         self.disconnects = Counter("samebits_client_disconnects", "Clients that left before their response ended.",
                                    registry=self.registry)
         self.http_errors = Counter("samebits_http_errors", "Error responses by status.", ["status"],
                                    registry=self.registry)
+
+        # Observed per engine request by the AsyncEngine, which sees each output first.
+        async_engine.on_first_output = self.ttft.observe
+        async_engine.on_finished = self.e2e.observe
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

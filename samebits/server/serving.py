@@ -59,7 +59,6 @@ class Job:
     echo: bool
     logprobs: bool
     include_usage: bool
-    arrival: float
 
 
 def _header_value(value) -> str:
@@ -231,7 +230,7 @@ def _seed(req) -> int:
     return req.seed if req.seed is not None else secrets.randbelow(SEED_MAX + 1)
 
 
-def completion_job(state: ServerState, req: CompletionRequest, arrival: float) -> Job:
+def completion_job(state: ServerState, req: CompletionRequest) -> Job:
     cfg = state.config
     state.check_model(req.model)
     check_completion(req, cfg.max_logprobs)
@@ -245,7 +244,7 @@ def completion_job(state: ServerState, req: CompletionRequest, arrival: float) -
     meta = _new_meta(state, "cmpl", seed)
     subs = [Sub(f"{meta.id}-{i}", ids, text) for i, (text, ids) in enumerate(prompts)]
     return Job("text", meta, subs, params, stop_list(req.stop), bool(req.echo), req.logprobs is not None,
-               _include_usage(req), arrival)
+               _include_usage(req))
 
 
 def _include_usage(req) -> bool:
@@ -262,7 +261,7 @@ def _chat_ids(state: ServerState, req: ChatRequest) -> list[int]:
     return state.tokenizer.encode(text, add_special_tokens=False)
 
 
-def chat_job(state: ServerState, req: ChatRequest, arrival: float) -> Job:
+def chat_job(state: ServerState, req: ChatRequest) -> Job:
     cfg = state.config
     state.check_model(req.model)
     check_chat(req, cfg.max_logprobs)
@@ -276,26 +275,37 @@ def chat_job(state: ServerState, req: ChatRequest, arrival: float) -> Job:
     params = _sampling_params(req, max_tokens, seed, logprobs)
     meta = _new_meta(state, "chatcmpl", seed)
     return Job("chat", meta, [Sub(f"{meta.id}-0", ids, None)], params, stop_list(req.stop), False,
-               bool(req.logprobs), _include_usage(req), arrival)
+               bool(req.logprobs), _include_usage(req))
 
 
 # ---- running jobs ----------------------------------------------------------------------------------------------
-def _outputs(state: ServerState, job: Job):
-    starts = [lambda s=s: state.ae.generate(s.request_id, s.ids, job.params, prompt=s.text) for s in job.subs]
-    return merged(starts, map_error)
+def _outputs(state: ServerState, job: Job, final_only: bool = False):
+    """(sub-request index, cumulative output) pairs of all the job's engine requests."""
+    def start(s: Sub):
+        return state.ae.generate(s.request_id, s.ids, job.params, prompt=s.text, final_only=final_only)
+
+    if len(job.subs) == 1:  # the common case skips the merging task and queue: one wake-up less per step
+        return _single(start(job.subs[0]))
+    return merged([lambda s=s: start(s) for s in job.subs], map_error)
+
+
+async def _single(outputs):
+    try:
+        async with contextlib.aclosing(outputs) as it:
+            async for out in it:
+                yield 0, out
+    except Exception as e:  # noqa: BLE001 - every engine-side error becomes an HTTP error
+        raise map_error(e) from None
 
 
 async def _collect(state: ServerState, job: Job) -> list:
     last: dict[int, object] = {}
-    async with contextlib.aclosing(_outputs(state, job)) as outputs:
+    async with contextlib.aclosing(_outputs(state, job, final_only=True)) as outputs:
         async for i, out in outputs:
-            if not last:
-                state.metrics.ttft.observe(time.monotonic() - job.arrival)
             last[i] = out
     if len(last) != len(job.subs) or not all(o.finished for o in last.values()):
         raise APIError(503, "The request was aborted by the server before it finished.", "server_error", None,
                        "aborted")
-    state.metrics.e2e.observe(time.monotonic() - job.arrival)
     return [last[i] for i in range(len(job.subs))]
 
 
@@ -328,7 +338,6 @@ async def _respond_stream(state: ServerState, request: Request, job: Job) -> Res
         state.metrics.disconnects.inc()
         await outputs.aclose()
         return Response(status_code=STATUS_CLIENT_GONE)
-    state.metrics.ttft.observe(time.monotonic() - job.arrival)
     chunks = StreamWriter(state, job).events(first, outputs)
     return SSEResponse(chunks, _job_headers(job), state.metrics.disconnects.inc)
 
@@ -445,7 +454,6 @@ class StreamWriter:
         return {"index": index, "text": text, "logprobs": lps, "finish_reason": finish, "token_ids": ids}
 
     def _closing(self) -> list[dict]:
-        self.state.metrics.e2e.observe(time.monotonic() - self.job.arrival)
         if not self.job.include_usage:
             return []
         outs = [self.last[i] for i in sorted(self.last)]
@@ -457,13 +465,12 @@ def _sse(obj: dict) -> bytes:
 
 
 async def handle(state: ServerState, request: Request, model: type[BaseModel], build) -> Response:
-    arrival = time.monotonic()
     try:
         req = await read_model(request, model, state.config.max_body_bytes)
     except ClientDisconnect:
         state.metrics.disconnects.inc()
         return Response(status_code=STATUS_CLIENT_GONE)
     # Off the event loop: tokenising a megabyte prompt or rendering a chat template must not stall other streams.
-    job = await asyncio.to_thread(build, state, req, arrival)
+    job = await asyncio.to_thread(build, state, req)
     return await respond(state, request, job, bool(req.stream))
 

@@ -151,3 +151,17 @@ def test_shutdown_fails_waiting_requests_instead_of_hanging():
             await asyncio.wait_for(task, 5)
 
     run(body, engine)
+
+
+def test_final_only_yields_just_the_last_output_and_hooks_fire():
+    seen = {"first": [], "done": []}
+
+    async def body(ae):
+        ae.on_first_output = seen["first"].append
+        ae.on_finished = seen["done"].append
+        outs = [o async for o in ae.generate("a", [1, 2], SamplingParams(max_tokens=6), final_only=True)]
+        assert len(outs) == 1 and outs[0].finished and len(outs[0].outputs[0].token_ids) == 6
+        assert ae.counters.generation_tokens == 6
+
+    run(body, FakeLLMEngine(step_delay_s=0.002))
+    assert len(seen["first"]) == 1 and len(seen["done"]) == 1 and 0 <= seen["first"][0] <= seen["done"][0]
