@@ -207,5 +207,10 @@ def _reject_gguf_features(meta: Mapping[str, Any], arch: str) -> None:
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
     if kind not in ("none", "linear") or (kind == "linear" and meta.get(f"{arch}.rope.scaling.factor", 1.0) != 1.0):
         raise UnsupportedModelError(f"unsupported GGUF feature rope scaling type {kind!r}")
+    heads, hidden = meta.get(f"{arch}.attention.head_count", 1), meta.get(f"{arch}.embedding_length", 0)
+    head_dim = meta.get(f"{arch}.attention.key_length", hidden // heads)
+    rotary = meta.get(f"{arch}.rope.dimension_count", head_dim)
+    if rotary != head_dim:
+        raise UnsupportedModelError(f"unsupported GGUF feature: partial rotary (rope dims {rotary} of head_dim {head_dim})")
     if meta.get(f"{arch}.expert_count", 0):
         raise UnsupportedModelError("unsupported GGUF feature: mixture of experts (expert_count > 0)")

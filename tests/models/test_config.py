@@ -70,3 +70,5 @@ def test_from_gguf_metadata():
         ModelConfig.from_gguf({**meta, "general.architecture": "gemma"}, vocab_size=320, tied=True)
     with pytest.raises(UnsupportedModelError, match="yarn"):
         ModelConfig.from_gguf({**meta, "qwen2.rope.scaling.type": "yarn"}, vocab_size=320, tied=True)
+    with pytest.raises(UnsupportedModelError, match="partial rotary"):
+        ModelConfig.from_gguf({**meta, "qwen2.rope.dimension_count": 8}, vocab_size=320, tied=True)
