@@ -298,14 +298,17 @@ async def _single(outputs):
         raise map_error(e) from None
 
 
+def _aborted() -> APIError:
+    return APIError(503, "The request was aborted by the server before it finished.", "server_error", None, "aborted")
+
+
 async def _collect(state: ServerState, job: Job) -> list:
     last: dict[int, object] = {}
     async with contextlib.aclosing(_outputs(state, job, final_only=True)) as outputs:
         async for i, out in outputs:
             last[i] = out
     if len(last) != len(job.subs) or not all(o.finished for o in last.values()):
-        raise APIError(503, "The request was aborted by the server before it finished.", "server_error", None,
-                       "aborted")
+        raise _aborted()
     return [last[i] for i in range(len(job.subs))]
 
 
@@ -338,6 +341,8 @@ async def _respond_stream(state: ServerState, request: Request, job: Job) -> Res
         state.metrics.disconnects.inc()
         await outputs.aclose()
         return Response(status_code=STATUS_CLIENT_GONE)
+    except StopAsyncIteration:
+        raise _aborted() from None
     chunks = StreamWriter(state, job).events(first, outputs)
     return SSEResponse(chunks, _job_headers(job), state.metrics.disconnects.inc)
 

@@ -11,15 +11,14 @@ from typer.testing import CliRunner
 
 from samebits.server.config import ServerConfig
 from samebits.server.middleware import key_matches
-from tests.server.conftest import MODEL_NAME, start_server
-from tests.server.fake_engine import FakeLLMEngine
+from tests.server.conftest import MODEL_NAME, make_engine, start_server
 
 KEYS = ("key-one", "key-two")
 
 
 @pytest.fixture(scope="module")
-def locked():
-    live = start_server(FakeLLMEngine(), api_keys=KEYS)
+def locked(tiny_model_dir):
+    live = start_server(make_engine(tiny_model_dir), api_keys=KEYS)
     yield live
     live.stop()
 
