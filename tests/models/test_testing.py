@@ -42,3 +42,16 @@ def test_overrides_apply_and_unknown_ones_fail(tmp_path):
         write_tiny_checkpoint(tmp_path / "x", "mistral", num_layer=3)
     with pytest.raises(ValueError, match="unknown variant"):
         write_tiny_checkpoint(tmp_path / "y", "gpt2")
+
+
+def test_random_model_is_seeded_and_runs():
+    from samebits.models import ModelConfig
+    from samebits.models.testing import random_model, tiny_hf_config
+
+    config = ModelConfig.from_hf(tiny_hf_config("qwen3"))
+    a, b = (random_model(config, get_test_ops("deterministic"), torch.float32, seed=7) for _ in range(2))
+    c = random_model(config, get_test_ops("deterministic"), torch.float32, seed=8)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(a.embed_tokens, c.embed_tokens)
+    logits = prefill_logits(a, [[5, 6, 7], [8, 9]])
+    assert [tuple(x.shape) for x in logits] == [(3, 320), (2, 320)]
