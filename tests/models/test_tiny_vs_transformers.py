@@ -13,7 +13,7 @@ from tests.models.helpers import get_test_ops, prefill_logits
 
 transformers = pytest.importorskip("transformers")
 
-# fp32 CPU, logits up to ~3: measured max-abs-diff <= 1.8e-6 (safetensors) and <= 3.6e-7 (GGUF), fast and
+# fp32 CPU, logits up to ~4: measured max-abs-diff <= 3.7e-6 (safetensors) and <= 8.4e-7 (GGUF), fast and
 # deterministic mode alike; the bound leaves room for kernel changes.
 MAX_ABS_DIFF = 1e-4
 PROMPTS = ["What is the capital of France?", "the cat sat on the mat", "hello", "Paris",
