@@ -93,6 +93,10 @@ def wait_idle(server, timeout: float = 20.0) -> None:
 
 
 def test_concurrent_streams_equal_solo_runs(server):
+    check_streams_equal_solo_runs(server)
+
+
+def check_streams_equal_solo_runs(server) -> None:
     with server.client() as http:
         alone = [solo(http, i) for i in range(N_STREAMS)]
     assert all(ids and len(ids) == len(lps) for ids, lps in alone)
