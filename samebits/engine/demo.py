@@ -139,8 +139,7 @@ def demo_command(model: str, device: str | None, json_path: Path | None, fail) -
         loaded = load_model(model, "deterministic", device)
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         fail(str(e))
-    prompts = [loaded.tokenizer.encode(loaded.tokenizer.apply_chat_template([{"role": "user", "content": q}]))
-               for q in QUESTIONS]
+    prompts = [loaded.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
     fillers = _filler_prompts(loaded.tokenizer, FILLERS)
     with Progress(console=console, transient=True) as progress:
         results = [run_mode(loaded, m, device, prompts, fillers, progress) for m in ("fast", "deterministic")]

@@ -45,7 +45,8 @@ class LLM:
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=True) for c in conversations]
+        # Token ids, not text: the rendered template already holds its special tokens (no second BOS).
+        prompts = [self.tokenizer.encode_chat(c, add_generation_prompt=True) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def score(self, prompt_token_ids, completion_token_ids) -> list[float] | list[list[float]]:
