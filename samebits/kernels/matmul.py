@@ -31,8 +31,8 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
     rn = pid_n * BN + tl.arange(0, BN)  # [BN]
     rk = tl.arange(0, BK)  # [BK]
     # Out-of-range rows/cols read a valid row (wrap) and are never stored: loads stay unmasked in M and N.
-    ram = tl.max_contiguous(tl.multiple_of(rm % M, BM), BM)
-    rbn = tl.max_contiguous(tl.multiple_of(rn % N, BN), BN)
+    ram = rm % M
+    rbn = rn % N
     a_ptrs = a_ptr + ram[:, None] * stride_am + rk[None, :] * stride_ak  # [BM, BK]
     b_ptrs = b_ptr + rk[:, None] * stride_bk + rbn[None, :] * stride_bn  # [BK, BN]
 
