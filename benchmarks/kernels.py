@@ -16,12 +16,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+import torch
+import triton
+import triton.language as tl
 
-import samebits.kernels as K  # noqa: E402
-import samebits.kernels.matmul as tm  # noqa: E402
+import samebits.kernels as K
+import samebits.kernels.matmul as tm
 
 KDIM = 4096
 MM_M = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
@@ -136,7 +136,7 @@ def _tma_linear_kernel(a_desc, w_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl
     pid_m = first_m + (pid % per_group) % group_rows
     pid_n = (pid % per_group) // group_rows
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BK)):
+    for kb in range(tl.cdiv(K, BK)):
         a = a_desc.load([pid_m * BM, kb * BK])  # [BM, BK]
         w = w_desc.load([pid_n * BN, kb * BK])  # [BN, BK]
         acc = tl.dot(a, w.T, acc)

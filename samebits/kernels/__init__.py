@@ -7,8 +7,20 @@ from __future__ import annotations
 
 from samebits.kernels.common import UnsupportedOpError
 
-__all__ = ["linear", "matmul", "rms_norm", "add_rms_norm", "softmax", "log_softmax", "det_sum", "det_mean",
-           "silu_and_mul", "get_ops", "Ops", "UnsupportedOpError"]
+__all__ = [
+    "Ops",
+    "UnsupportedOpError",
+    "add_rms_norm",
+    "det_mean",
+    "det_sum",
+    "get_ops",
+    "linear",
+    "log_softmax",
+    "matmul",
+    "rms_norm",
+    "silu_and_mul",
+    "softmax",
+]
 
 
 def _cpu():

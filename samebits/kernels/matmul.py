@@ -37,7 +37,7 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
     b_ptrs = b_ptr + rk[:, None] * stride_bk + rbn[None, :] * stride_bn  # [BK, BN]
 
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BK)):
+    for kb in range(tl.cdiv(K, BK)):
         if EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)

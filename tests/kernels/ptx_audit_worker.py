@@ -23,8 +23,6 @@ DTYPES = ("bf16", "fp16", "fp32")
 def _jit(module, name):
     return getattr(importlib.import_module(f"samebits.kernels.{module}"), name)
 
-    return fn if isinstance(fn, JITFunction) else JITFunction(fn.fn)
-
 
 def _spec(fn, types, const, aligned, options):
     """As the runtime specializes a launch on dense tensors: pointers and sizes divisible by 16, unit strides."""
@@ -42,12 +40,12 @@ def _matmul_specs():
             for even_k, bias in ((False, True),):
                 types = {p: f"*{dt}" for p in ("a_ptr", "b_ptr", "c_ptr", "bias_ptr")}
                 types.update({a: "i32" for a in ("M", "N", "K", "stride_am", "stride_bn", "stride_cm")})
-                const = dict(stride_ak=1, stride_bk=1, stride_cn=1, HAS_BIAS=bias, BM=bm, BN=bn, BK=bk,
-                             GROUP_M=group, EVEN_K=even_k, UPCAST=False,
-                             PRECISION="ieee" if dt == "fp32" else "tf32")
+                const = {"stride_ak": 1, "stride_bk": 1, "stride_cn": 1, "HAS_BIAS": bias, "BM": bm, "BN": bn,
+                         "BK": bk, "GROUP_M": group, "EVEN_K": even_k, "UPCAST": False,
+                         "PRECISION": "ieee" if dt == "fp32" else "tf32"}
                 aligned = ["a_ptr", "b_ptr", "c_ptr", "bias_ptr", "N", "K", "stride_am", "stride_bn", "stride_cm"]
                 specs.append((f"matmul {bm}x{bn}x{bk} {dt} even_k={even_k}",
-                              _spec(fn, types, const, aligned, dict(num_warps=warps, num_stages=stages))))
+                              _spec(fn, types, const, aligned, {"num_warps": warps, "num_stages": stages})))
     return specs
 
 
@@ -59,18 +57,18 @@ def _row_specs():
         for res in (False, True):
             types = {p: f"*{dt}" for p in ("x_ptr", "r_ptr", "w_ptr", "y_ptr", "s_ptr")}
             types.update({a: "i32" for a in ("H", "stride_x", "stride_r", "stride_y", "stride_s")}, eps="fp32")
-            specs.append((f"rms_norm {dt} res={res}", _spec(rms, types, dict(HAS_RES=res, BLOCK=rcfg["max_block"]),
-                                                           ["x_ptr", "y_ptr"], dict(num_warps=rcfg["num_warps"]))))
+            specs.append((f"rms_norm {dt} res={res}", _spec(rms, types, {"HAS_RES": res, "BLOCK": rcfg["max_block"]},
+                                                           ["x_ptr", "y_ptr"], {"num_warps": rcfg["num_warps"]})))
         for log in (False, True):
             types = {"x_ptr": f"*{dt}", "y_ptr": "*fp32", "N": "i32", "stride_x": "i32", "stride_y": "i32"}
-            specs.append((f"softmax {dt} log={log}", _spec(sm, types, dict(LOG=log, BLOCK=scfg["max_block"]),
-                                                          ["x_ptr", "y_ptr"], dict(num_warps=scfg["num_warps"]))))
+            specs.append((f"softmax {dt} log={log}", _spec(sm, types, {"LOG": log, "BLOCK": scfg["max_block"]},
+                                                          ["x_ptr", "y_ptr"], {"num_warps": scfg["num_warps"]})))
         types = {"x_ptr": f"*{dt}", "part_ptr": "*fp32", "n": "i32", "seg": "i32", "stride_x": "i32"}
         specs.append((f"det_sum stage 1 {dt}", _spec(_jit("reduce", "_segment_sum_kernel"), types,
-                                                     dict(SPLIT=dcfg["split"], BLOCK=dcfg["block"]), ["x_ptr"],
-                                                     dict(num_warps=dcfg["num_warps"]))))
+                                                     {"SPLIT": dcfg["split"], "BLOCK": dcfg["block"]}, ["x_ptr"],
+                                                     {"num_warps": dcfg["num_warps"]})))
     specs.append(("det_sum merge", _spec(_jit("reduce", "_merge_kernel"), {"part_ptr": "*fp32", "out_ptr": "*fp32"},
-                                         dict(SPLIT=dcfg["split"]), [], dict(num_warps=1))))
+                                         {"SPLIT": dcfg["split"]}, [], {"num_warps": 1})))
     return specs
 
 
@@ -95,7 +93,7 @@ def _report(ptx):
 def main():
     specs = _matmul_specs() + _row_specs()
     specs.append(("control: tl.atomic_add fp32", _spec(_atomic_control, {"x_ptr": "*fp32", "out_ptr": "*fp32"}, {},
-                                                        [], dict(num_warps=1))))
+                                                        [], {"num_warps": 1})))
     # ptxas runs as a subprocess, so threads overlap the compiles.
     with ThreadPoolExecutor(4) as pool:
         ptxs = list(pool.map(_ptx, [s for _, s in specs]))

@@ -84,7 +84,7 @@ def _m_dependent_sum(x):
 def test_negative_control_detects_m_dependent_reduction():
     g = fresh_generator()
     row = rand((H,), torch.float32, g, scale=100.0)
-    batch = lambda m: rand((m, H), torch.float32, g, scale=100.0)  # noqa: E731
+    batch = lambda m: rand((m, H), torch.float32, g, scale=100.0)
     assert rows_that_differ(_m_dependent_sum, row, batch, BATCH_SIZES), "the check cannot see an M-dependent order"
     with pytest.raises(AssertionError, match="differ"):
         for _ in range(20):  # rounding can hide one reordering; twenty fresh rows cannot all hide it
@@ -113,8 +113,12 @@ def test_bmm_entry_alone_equals_entry_in_batch(dtype):
     g = fresh_generator()
     for m, k, n in [(12, 16, 12), (1, 16, 1), (70, 33, 5)]:
         entry = torch.cat([rand((m, k), dtype, g), rand((k, n), dtype, g).t()], dim=0)  # [m + n, k]
-        fn = lambda e: bmm(e[:, :m], e[:, m:].transpose(1, 2))  # noqa: E731
-        check_row_invariance(fn, entry, lambda b: rand((b, m + n, k), dtype, g), [2, 3, 17, 64, 256], g,
-                             f"bmm {m}x{k}x{n} {dtype}")
+        def fn(e, m=m):
+            return bmm(e[:, :m], e[:, m:].transpose(1, 2))
+
+        def batch(b, m=m, n=n, k=k):
+            return rand((b, m + n, k), dtype, g)
+
+        check_row_invariance(fn, entry, batch, [2, 3, 17, 64, 256], g, f"bmm {m}x{k}x{n} {dtype}")
         ref = entry[:m].double() @ entry[m:].double().t()
         assert (fn(entry[None])[0].double() - ref).abs().max() <= 1e-2 * ref.abs().max()

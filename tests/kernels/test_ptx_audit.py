@@ -17,7 +17,7 @@ def audit():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run([sys.executable, "-m", "tests.kernels.ptx_audit_worker"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 

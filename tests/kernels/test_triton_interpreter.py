@@ -53,7 +53,7 @@ def test_matmul_fixed_tile_is_batch_invariant():
 def test_rms_norm_values(dtype):
     rn, g = _mod("rmsnorm"), fresh_generator()
     x, w, r = rand((9, 200), dtype, g, DEV, 3.0), rand((200,), dtype, g, DEV), rand((9, 200), dtype, g, DEV)
-    ref = lambda t: (t.double() * torch.rsqrt(t.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double())  # noqa
+    ref = lambda t: (t.double() * torch.rsqrt(t.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double())
     _close(rn.rms_norm(x, w, 1e-6).cpu(), ref(x).cpu(), dtype, "rms_norm")
     normed, s = rn.add_rms_norm(x, r, w, 1e-6)
     _close(s.cpu(), (x.double() + r.double()).cpu(), dtype, "add_rms_norm sum")
