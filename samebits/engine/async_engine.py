@@ -194,8 +194,8 @@ class AsyncEngine:
 
     def _submit(self, kind: str, *args) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
-        if not self.healthy and kind == "add":
-            future.set_exception(EngineDead("the engine loop has stopped"))
+        if not self.healthy:  # no thread will apply it: answer now rather than leave the waiter hanging
+            _settle(future, EngineDead("the engine loop has stopped") if kind == "add" else None)
             return future
         self._commands.append((kind, args, future))
         self._wake.set()

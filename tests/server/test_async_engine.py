@@ -165,3 +165,16 @@ def test_final_only_yields_just_the_last_output_and_hooks_fire():
 
     run(body, FakeLLMEngine(step_delay_s=0.002))
     assert len(seen["first"]) == 1 and len(seen["done"]) == 1 and 0 <= seen["first"][0] <= seen["done"][0]
+
+
+def test_abort_after_loop_death_returns_at_once():
+    engine = FakeLLMEngine()
+    engine.fail_at_step = 1
+
+    async def body(ae):
+        with pytest.raises(EngineDead):
+            await drain(ae, "a")
+        await asyncio.sleep(0.05)
+        await asyncio.wait_for(ae.abort("a"), 1)
+
+    run(body, engine)
