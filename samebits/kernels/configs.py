@@ -41,9 +41,10 @@ TILE_CONFIGS["cpu_matmul"] = {
 }
 
 TILE_CONFIGS["cpu_rows"] = {
-    "config": {"rows": 64},
-    "why": "CPU row reductions (norms, softmax) run on fixed [64, N] blocks so torch never picks its "
-    "two-pass (split-the-row) reduction, which it uses when a reduction has a single output.",
+    "config": {"block_rows": [[4, 4], [8, 8], [16, 16], [1 << 62, 64]]},
+    "why": "CPU row reductions (norms, softmax) run on fixed [rows, N] blocks of at least 4 rows, so torch never "
+    "picks its two-pass (split-the-row) reduction, which it uses when a reduction has a single output; each "
+    "row is then reduced by the same inner loop whatever the block's row count (guarded by the M sweep).",
 }
 
 TILE_CONFIGS["rms_norm"] = {

@@ -13,7 +13,7 @@ from samebits.kernels.common import cdiv, in_row_blocks
 from samebits.kernels.configs import TILE_CONFIGS
 
 _MM = TILE_CONFIGS["cpu_matmul"]["config"]
-_ROWS = TILE_CONFIGS["cpu_rows"]["config"]["rows"]
+_ROWS = TILE_CONFIGS["cpu_rows"]["config"]["block_rows"]
 _SUM = TILE_CONFIGS["det_sum"]["config"]
 
 
@@ -45,9 +45,9 @@ def _block_mm(a_blocks, b_blocks):
     return torch.bmm(a_blocks, b_blocks, out=out)
 
 
-def block_rows(m: int) -> int:
-    """Rows per fixed-shape block for an M-row product (every size in the table gives a row the same bits)."""
-    return next(rows for max_m, rows in _MM["block_rows"] if m <= max_m)
+def block_rows(m: int, table=None) -> int:
+    """Rows per fixed-shape block for M rows (every size in the table gives a row the same bits)."""
+    return next(rows for max_m, rows in (table or _MM["block_rows"]) if m <= max_m)
 
 
 def matmul(a, b):
@@ -99,7 +99,8 @@ def _rms_block(x, w, eps, dtype):
 def rms_norm(x, weight, eps):
     h = x.shape[-1]
     w = weight.to(x.dtype)
-    y = in_row_blocks(lambda blk: _rms_block(blk, w, eps, x.dtype), _ROWS, x.reshape(-1, h).float())
+    rows = x.reshape(-1, h).float()
+    y = in_row_blocks(lambda blk: _rms_block(blk, w, eps, x.dtype), block_rows(len(rows), _ROWS), rows)
     return y.reshape(x.shape)
 
 
@@ -127,7 +128,7 @@ def softmax(x, dim=-1, log=False):
     if x.numel() == 0:
         return x.float()
     xt, rows = _last_dim_rows(x, dim)
-    y = in_row_blocks(lambda blk: _softmax_block(blk, log), _ROWS, rows)
+    y = in_row_blocks(lambda blk: _softmax_block(blk, log), block_rows(len(rows), _ROWS), rows)
     return y.reshape(xt.shape).movedim(-1, dim)
 
 
