@@ -49,7 +49,7 @@ class LLMEngine:
         eos = self.tokenizer.eos_token_ids
         self.scheduler = Scheduler.from_config(config, self.runner.num_blocks, self.max_model_len, eos)
         self.requests: dict[str, _Request] = {}
-        self._texts: dict[int, str] = {}
+        self._detok: dict[int, tuple[int, int, str]] = {}  # seq_id -> (prefix, read, text)
         self._seeds = random.Random(config.seed) if config.seed is not None else None
         self._fingerprint: dict | None = None
         self.prompt_tokens = 0
@@ -104,7 +104,7 @@ class LLMEngine:
     def _forget(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
         for s in req.seqs if req else ():
-            self._texts.pop(s.seq_id, None)
+            self._detok.pop(s.seq_id, None)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -132,14 +132,26 @@ class LLMEngine:
         return list(touched)
 
     def _detokenize(self, seq: Sequence) -> None:
-        text = self.tokenizer.decode(seq.output_token_ids)
+        """Incremental (vLLM-style offsets): decode only a short window, so a step costs O(1) in output length."""
+        prefix, read, text = self._detok.get(seq.seq_id, (0, 0, ""))
+        ids = seq.output_token_ids
+        before = self.tokenizer.decode(ids[prefix:read])
+        after = self.tokenizer.decode(ids[prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):  # wait for the rest of a split character
+            text += after[len(before):]
+            prefix, read = read, len(ids)
+        if seq.is_finished:  # nothing more will come: flush what a split character held back
+            text = self.tokenizer.decode(ids)
+        self._detok[seq.seq_id] = (prefix, read, text)
+        self._check_stop_strings(seq, text, len(after) - len(before))
+
+    def _check_stop_strings(self, seq: Sequence, text: str, grown: int) -> None:
         for stop in seq.params.stop_strings:
-            at = text.find(stop)
+            at = text.find(stop, max(0, len(text) - grown - len(stop)))
             if at >= 0:
-                text = text[:at]
+                self._detok[seq.seq_id] = (0, 0, text[:at])
                 self.scheduler.finish(seq, "stop", stop)
-                break
-        self._texts[seq.seq_id] = text
+                return
 
     def _output(self, request_id: str) -> RequestOutput:
         req = self.requests[request_id]
@@ -154,7 +166,7 @@ class LLMEngine:
         want = seq.params.logprobs is not None
         lps = list(seq.logprobs)
         return CompletionOutput(
-            index=seq.sample_index, text=self._texts.get(seq.seq_id, ""), token_ids=seq.output_token_ids,
+            index=seq.sample_index, text=self._detok.get(seq.seq_id, (0, 0, ""))[2], token_ids=seq.output_token_ids,
             logprobs=lps if want else None, top_logprobs=list(seq.top_logprobs) if want else None,
             cumulative_logprob=float(sum(lps)), finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
 
