@@ -6,6 +6,7 @@ Writes e2e.json and e2e.png to --out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import time
@@ -20,10 +21,13 @@ from samebits.kernels import get_ops
 from samebits.models.config import ModelConfig
 from samebits.models.loader import LoadedModel
 from samebits.models.testing import random_model
+from samebits.runtime import deterministic_runtime
 
 SHAPES = {
     "8b": dict(architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
                num_heads=32, num_kv_heads=8, head_dim=128, max_position_embeddings=8192, rope_theta=500000.0),
+    "tiny": dict(architecture="llama", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
+                 num_heads=4, num_kv_heads=2, head_dim=64, max_position_embeddings=4096, rope_theta=500000.0),
     "1b": dict(architecture="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16,
                num_heads=32, num_kv_heads=8, head_dim=64, max_position_embeddings=8192, rope_theta=500000.0),
 }
@@ -43,10 +47,19 @@ def workload(n: int, seed: int, in_range, out_range, vocab: int):
     return prompts, [rng.randint(*out_range) for _ in range(n)]
 
 
+DEVICE = "cuda"
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        sync()
+
+
 def make_engine(loaded, mode: str, policy: str, **kw) -> LLMEngine:
-    loaded.model.set_ops(get_ops(mode, "cuda"))
-    cfg = EngineConfig(model="random", mode=mode, policy=policy, device="cuda", dtype="bfloat16",
-                       max_num_batched_tokens=kw.get("budget", 8192), max_num_seqs=256, cuda_graphs=False)
+    loaded.model.set_ops(get_ops(mode, DEVICE))
+    cfg = EngineConfig(model="random", mode=mode, policy=policy, device=DEVICE, dtype=str(loaded.model.dtype),
+                       max_num_batched_tokens=kw.get("budget", 8192), max_num_seqs=256, cuda_graphs=False,
+                       kv_cache_tokens=kw.get("kv_tokens"))
     return LLMEngine(cfg, loaded)
 
 
@@ -63,7 +76,7 @@ def run_load(engine, prompts, max_tokens, seed=0):
             first.setdefault(out.request_id, now)
             if out.finished:
                 done[out.request_id] = (out, now)
-    torch.cuda.synchronize()
+    sync()
     total = time.perf_counter() - t0
     gen = sum(len(done[str(i)][0].outputs[0].token_ids) for i in range(len(prompts)))
     itl = [(done[str(i)][1] - first[str(i)]) / max(1, max_tokens[i] - 1) for i in range(len(prompts))]
@@ -95,11 +108,11 @@ def decode_step_ms(engine, prompt_len: int = 512, steps: int = 64) -> float:
     prompt = list(range(prompt_len))
     engine.add_request("b1", prompt, SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True))
     engine.step()  # prefill
-    torch.cuda.synchronize()
+    sync()
     t = time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
-    torch.cuda.synchronize()
+    sync()
     return 1e3 * (time.perf_counter() - t) / steps
 
 
@@ -114,10 +127,10 @@ def hf_generate(shape: dict, batch: int, in_len: int, out_len: int) -> float:
         model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     ids = torch.randint(0, shape["vocab_size"], (batch, in_len), device="cuda")
     model.generate(ids[:, :16], max_new_tokens=4, min_new_tokens=4, do_sample=False)
-    torch.cuda.synchronize()
+    sync()
     t = time.perf_counter()
     model.generate(ids, max_new_tokens=out_len, min_new_tokens=out_len, do_sample=False)
-    torch.cuda.synchronize()
+    sync()
     secs = time.perf_counter() - t
     del model
     torch.cuda.empty_cache()
@@ -136,27 +149,33 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--quick", action="store_true", help="short outputs, for a smoke run")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cpu only for a smoke run with --shape tiny")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
     args.out.mkdir(parents=True, exist_ok=True)
     shape = SHAPES[args.shape]
     config = ModelConfig(**shape)
-    model = random_model(config, get_ops("fast", "cuda"), torch.bfloat16, seed=0)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    model = random_model(config, get_ops("fast", DEVICE), dtype, seed=0)
     loaded = LoadedModel(model, NullTokenizer(), config, f"random-{args.shape}", Path("."))
     out_range = (16, 32) if args.quick else (128, 512)
     prompts, max_tokens = workload(args.requests, 0, (128, 1024), out_range, shape["vocab_size"])
     picks = list(range(0, args.requests, max(1, args.requests // 8)))[:8]
     report = {"shape": args.shape, "requests": args.requests, "modes": {}}
     for mode, policy in [("fast", "dynamic"), ("deterministic", "dynamic"), ("fast", "bucketed")]:
-        engine = make_engine(loaded, mode, policy)
-        run_load(engine, prompts[:4], [4] * 4)  # warm-up: compile kernels
-        outs, stats = run_load(engine, prompts, max_tokens)
-        stats["alone_vs_loaded_mismatches"] = invariance(engine, prompts, outs, picks, 16)
-        stats["checked"] = len(picks)
-        stats["batch1_decode_ms"] = decode_step_ms(engine)
+        with deterministic_runtime() if mode == "deterministic" else contextlib.nullcontext():
+            engine = make_engine(loaded, mode, policy, kv_tokens=None if DEVICE == "cuda" else 65536)
+            run_load(engine, prompts[:4], [4] * 4)  # warm-up: compile kernels
+            outs, stats = run_load(engine, prompts, max_tokens)
+            stats["alone_vs_loaded_mismatches"] = invariance(engine, prompts, outs, picks, 16)
+            stats["checked"] = len(picks)
+            stats["batch1_decode_ms"] = decode_step_ms(engine)
         report["modes"][f"{mode}/{policy}"] = stats
         print(mode, policy, json.dumps(stats), flush=True)
         del engine
-        torch.cuda.empty_cache()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
     report["weights_floor_ms"] = weights_floor_ms(loaded)
     fast = report["modes"]["fast/dynamic"]["output_tok_per_s"]
     report["deterministic_tax"] = 1 - report["modes"]["deterministic/dynamic"]["output_tok_per_s"] / fast
