@@ -173,6 +173,7 @@ def main() -> None:
             stats["batch1_decode_ms"] = decode_step_ms(engine)
         report["modes"][f"{mode}/{policy}"] = stats
         print(mode, policy, json.dumps(stats), flush=True)
+        (args.out / "e2e.json").write_text(json.dumps(report, indent=2))  # partial results survive a timeout
         del engine
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
