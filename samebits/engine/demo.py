@@ -106,20 +106,21 @@ def run_mode(loaded, mode: str, device: str, prompts, fillers, progress: Progres
     return result
 
 
+def _cell(diff: dict) -> str:
+    if diff["tokens"]:
+        return "[red]tokens differ[/]"
+    return "[yellow]bits differ[/]" if diff["logprob_bits"] else "[green]same[/]"
+
+
 def _table(results: list[ModeResult]) -> Table:
     table = Table(title="alone vs inside a busy batch: does the output change?")
-    table.add_column("#", justify="right")
-    table.add_column("prompt", max_width=34, no_wrap=True, overflow="ellipsis")
-    table.add_column("answer (deterministic, alone)", max_width=28, no_wrap=True, overflow="ellipsis")
+    table.add_column("prompt", max_width=24, no_wrap=True, overflow="ellipsis")
+    table.add_column("answer", max_width=18, no_wrap=True, overflow="ellipsis")
     for r in results:
-        table.add_column(f"{r.mode}: tokens")
-        table.add_column(f"{r.mode}: logprob bits")
+        table.add_column(r.mode, min_width=13, no_wrap=True)
     diffs = [r.differs() for r in results]
     for i, q in enumerate(QUESTIONS):
-        cells = []
-        for d in diffs:
-            cells += ["[red]differ[/]" if d[i]["tokens"] else "same", "[red]differ[/]" if d[i]["logprob_bits"] else "same"]
-        table.add_row(str(i), q, " ".join(results[-1].texts[i].split()), *cells)
+        table.add_row(q, " ".join(results[-1].texts[i].split()), *[_cell(d[i]) for d in diffs])
     return table
 
 
