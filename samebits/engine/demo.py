@@ -114,8 +114,8 @@ def _cell(diff: dict) -> str:
 
 def _table(results: list[ModeResult]) -> Table:
     table = Table(title="alone vs inside a busy batch: does the output change?")
-    table.add_column("prompt", max_width=24, no_wrap=True, overflow="ellipsis")
-    table.add_column("answer", max_width=18, no_wrap=True, overflow="ellipsis")
+    table.add_column("prompt", max_width=21, no_wrap=True, overflow="ellipsis")
+    table.add_column("answer", max_width=17, no_wrap=True, overflow="ellipsis")
     for r in results:
         table.add_column(r.mode, min_width=13, no_wrap=True)
     diffs = [r.differs() for r in results]
