@@ -127,14 +127,7 @@ def _row_rows():
 def _tma_linear_kernel(a_desc, w_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        GROUP_M: tl.constexpr):
     # Experiment, not used by samebits: the same sequential-K tl.dot loop, loads through TMA descriptors.
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
+    pid_m, pid_n = tm.grouped_tile(tl.program_id(0), M, N, BM, BN, GROUP_M)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for kb in range(tl.cdiv(K, BK)):
         a = a_desc.load([pid_m * BM, kb * BK])  # [BM, BK]

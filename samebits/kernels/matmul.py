@@ -12,20 +12,23 @@ _FP = {torch.bfloat16, torch.float16, torch.float32}
 
 
 @triton.jit
+def grouped_tile(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    # Grouped launch order for L2 reuse: it moves tiles between programs, never changes a tile's K order.
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_rows, (pid % per_group) // group_rows
+
+
+@triton.jit
 def _matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
                    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                    HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     # a [M, K], b [K, N] (any strides), c [M, N]; one program owns one [BM, BN] tile of c.
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    # Grouped launch order for L2 reuse: it moves tiles between programs, never changes a tile's K order.
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BM, BN, GROUP_M)
 
     rm = pid_m * BM + tl.arange(0, BM)  # [BM]
     rn = pid_n * BN + tl.arange(0, BN)  # [BN]
