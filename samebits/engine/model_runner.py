@@ -1,6 +1,7 @@
 """Turns one scheduled step into one model call: flatten the scheduled tokens, run, sample the rows that end a prompt."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +53,9 @@ class ModelRunner:
         self.kv_caches = allocate_kv_cache(mc.num_layers, self.num_blocks + 1, self.block_size, mc.num_kv_heads,
                                            mc.head_dim, self.dtype, self.device)
         self.sampler = Sampler(self.model.ops)
+        if engine_config.cuda_graphs and self.device.type == "cuda":
+            warnings.warn("cuda_graphs=True: CUDA graph capture is not implemented yet; decode runs eagerly "
+                          "(same bits, more launch overhead)", stacklevel=2)
 
     def set_ops(self, ops) -> None:
         self.model.set_ops(ops)
