@@ -19,7 +19,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VPY) -m pytest -q -m "not gpu" --timeout=900 tests
 
-# On the GPU machine: the image's python, no install (see docs/GPU.md).
+# On the GPU machine: the image's python, no install (scripts/gpu_proof.sh runs this plus the benchmarks).
 test-gpu:
 	PYTHONPATH=. python3 -m pytest -q -m gpu tests
 
