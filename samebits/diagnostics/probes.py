@@ -23,6 +23,7 @@ class Sizes:
     runs: int = 50
     run_matmul_m: int = 64
     sum_n: int = 1 << 22
+    sum_row: int = 1 << 14
     index_add_n: int = 1 << 18
     index_add_bins: int = 100
     attn_heads: int = 8
@@ -42,7 +43,7 @@ class Sizes:
 
 DEFAULT = Sizes()
 # The seed's and the H200 baseline's sizes: a 4096-wide layer, 32-head decode over 2048 tokens, a 1B Llama shape.
-FULL = Sizes(matmul_k=4096, matmul_n=4096, sum_n=1 << 24, index_add_n=1 << 20, attn_heads=32, attn_kv_heads=32,
+FULL = Sizes(matmul_k=4096, matmul_n=4096, sum_n=1 << 24, sum_row=1 << 17, index_add_n=1 << 20, attn_heads=32, attn_kv_heads=32,
              attn_dim=128, attn_ctx=2048, prefill_lens=(128, 512, 2048), norm_hidden=4096,
              model=LlamaShape(vocab=32000, hidden=2048, intermediate=5632, layers=16, heads=16, kv_heads=8),
              prompts=64, prompts_alone=16, prompt_len=32, gen_tokens=32)
@@ -192,6 +193,43 @@ def _splitk_fn(impl: Impl, x, w):
     return (lambda: splitk_atomic_matmul(x, w)), "DEMO OF THE BUG: Triton split-K accumulating with tl.atomic_add"
 
 
+def probe_sum_rows_batch(impl: Impl, ctx: Ctx) -> list[ProbeResult]:
+    """The seed's §5 CUDA route: CUB's reduction (through CuPy) is run-to-run stable; is a row's sum also independent
+    of how many rows share the call? Vendor: CUB on CUDA, torch.sum on CPU. Samebits: the two-stage det_sum."""
+    import torch
+
+    s = ctx.sizes
+    x = ctx.randn(max(s.norm_rows), s.sum_row, dtype=torch.float32)
+    fn, note = _row_sum_fn(impl, ctx)
+    ms = row0_sweep(lambda b: fn(x[:b])[:1], s.norm_rows)
+    runs, runs_differ = repeat_runs(lambda: fn(x), s.runs)
+    return [result("sum_rows_batch", impl, torch.float32, "batch", s.norm_rows, ms, note,
+                   run_to_run_differing=runs_differ, run_to_run_max_abs_diff=runs[0].max_abs_diff)]
+
+
+def _row_sum_fn(impl: Impl, ctx: Ctx):
+    if impl.name != "vendor":
+        from samebits.kernels import det_sum
+
+        return (lambda t: det_sum(t, dim=1)), f"det_sum over rows of {ctx.sizes.sum_row}"
+    if getattr(ctx.device, "type", ctx.device) != "cuda":
+        return (lambda t: t.sum(dim=1)), f"torch.sum over rows of {ctx.sizes.sum_row} (CPU)"
+    return _cub_row_sums, f"CUB segmented reduce (CuPy, accelerator 'cub') over rows of {ctx.sizes.sum_row}"
+
+
+def _cub_row_sums(t):
+    import cupy
+    import torch
+    from cupy._core import _accelerator
+
+    saved = _accelerator.get_routine_accelerators()
+    _accelerator.set_routine_accelerators(["cub"])
+    try:
+        return torch.from_dlpack(cupy.from_dlpack(t.contiguous()).sum(axis=1))
+    finally:
+        _accelerator.set_routine_accelerators(saved)
+
+
 # --- 4. attention -------------------------------------------------------------------------------------------------------
 
 def probe_attention_decode(impl: Impl, ctx: Ctx) -> list[ProbeResult]:
@@ -303,6 +341,7 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("run_to_run_sum", probe_run_sum, ("float32",), "runs"),
     Probe("run_to_run_index_add", probe_run_index_add, ("float32",), "runs", samebits=NO_OP),
     Probe("run_to_run_splitk_atomic", probe_run_splitk_atomic, ("bfloat16",), "runs", needs_cuda=True),
+    Probe("sum_rows_batch", probe_sum_rows_batch, ("float32",), "batch"),
     Probe("attention_decode_batch", probe_attention_decode, ("bfloat16",), "batch"),
     Probe("attention_prefill_vs_decode", probe_prefill_vs_decode, ("bfloat16",), "seq_len"),
     Probe("rms_norm_batch", probe_rms_norm, ("bfloat16",), "batch"),
