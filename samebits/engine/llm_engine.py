@@ -46,6 +46,8 @@ class LLMEngine:
         self.model_name = self.loaded.name
         self.runner = ModelRunner(config, self.loaded)
         self.max_model_len = self._max_model_len()
+        if config.cuda_graphs:
+            self.runner.enable_cuda_graphs(self.max_model_len)
         eos = self.tokenizer.eos_token_ids
         self.scheduler = Scheduler.from_config(config, self.runner.num_blocks, self.max_model_len, eos)
         self.requests: dict[str, _Request] = {}

@@ -53,13 +53,22 @@ class ModelRunner:
         self.kv_caches = allocate_kv_cache(mc.num_layers, self.num_blocks + 1, self.block_size, mc.num_kv_heads,
                                            mc.head_dim, self.dtype, self.device)
         self.sampler = Sampler(self.model.ops)
-        if engine_config.cuda_graphs and self.device.type == "cuda":
-            warnings.warn("cuda_graphs=True: CUDA graph capture is not implemented yet; decode runs eagerly "
-                          "(same bits, more launch overhead)", stacklevel=2)
+        self.graphs = None
+
+    def enable_cuda_graphs(self, max_model_len: int) -> None:
+        """Decode-only steps replay CUDA graphs (see cuda_graphs.py); a no-op off CUDA."""
+        if self.device.type != "cuda":
+            return
+        from samebits.engine.cuda_graphs import DecodeGraphs
+
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, self.scratch_block, max_model_len,
+                                   self.config.max_num_seqs)
 
     def set_ops(self, ops) -> None:
         self.model.set_ops(ops)
         self.sampler = Sampler(ops)
+        if self.graphs is not None:  # captured graphs hold the old kernels
+            self.enable_cuda_graphs(self.graphs.max_model_len)
 
     def _pad_rows(self, scheduled, batch_pad_to: int) -> list[int]:
         """Token counts of the dummy sequences bucketed padding adds: one per padded prefill, 1-token decode rows."""
@@ -98,7 +107,9 @@ class ModelRunner:
         scheduled = output.scheduled
         if not scheduled:
             return {}
-        hidden = self.forward(scheduled, output.batch_pad_to)
+        hidden = self._graph_forward(output) if self.graphs is not None and self.graphs.accepts(output) else None
+        if hidden is None:
+            hidden = self.forward(scheduled, output.batch_pad_to)
         ends = torch.tensor(self._row_ends(scheduled), device=self.device).cumsum(0) - 1
         sampling = [i for i, s in enumerate(scheduled) if s.sample]
         if not sampling:
@@ -106,6 +117,14 @@ class ModelRunner:
         rows = ends[torch.tensor(sampling, device=self.device)]
         logits = self.model.compute_logits(hidden.index_select(0, rows))
         return self._sample(logits, [scheduled[i].seq for i in sampling])
+
+    def _graph_forward(self, output):
+        try:
+            return self.graphs.forward(output.scheduled)
+        except RuntimeError as e:  # a capture failure costs speed, never bits: eager computes the same rows
+            warnings.warn(f"CUDA graph capture failed ({e}); decode continues eagerly", stacklevel=2)
+            self.graphs = None
+            return None
 
     @staticmethod
     def _row_ends(scheduled) -> list[int]:

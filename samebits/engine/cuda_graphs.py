@@ -1,0 +1,89 @@
+"""CUDA graphs for decode-only steps: one graph per padded batch size, replayed over static input buffers.
+
+A decode batch of n sequences runs as a graph captured for the next bucket size >= n. The padding rows are 1-token
+dummies whose KV write is skipped (slot -1) and whose attention reads the runner's scratch block, so in deterministic
+mode they change no bit of a real row (each row's arithmetic depends only on its own data). The attention metadata
+is captured with max_context_len = max_model_len, so the kernels' grids are fixed; each row still stops at its own
+context length, and the split-KV merge gives the same bits as the in-program fold (tested in the attention suite).
+"""
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from samebits.kernels.attention import AttentionMetadata
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+
+
+class DecodeGraphs:
+    def __init__(self, model, kv_caches, block_size: int, scratch_block: int, max_model_len: int, max_num_seqs: int):
+        self.model, self.kv_caches = model, kv_caches
+        self.block_size, self.scratch_block, self.max_model_len = block_size, scratch_block, max_model_len
+        self.buckets = tuple(b for b in BUCKETS if b < max_num_seqs) + (max_num_seqs,)
+        dev, n = model.device, self.buckets[-1]
+        self.width = -(-max_model_len // block_size)
+        self.ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.cu = torch.arange(n + 1, dtype=torch.int32, device=dev)
+        self.ctx = torch.ones(n, dtype=torch.int32, device=dev)
+        self.tables = torch.full((n, self.width), scratch_block, dtype=torch.int32, device=dev)
+        self.slots = torch.full((n,), -1, dtype=torch.int64, device=dev)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
+
+    def accepts(self, output) -> bool:
+        s = output.scheduled
+        return (bool(s) and output.batch_pad_to <= len(s) and len(s) <= self.buckets[-1]
+                and all(x.num_new_tokens == 1 and x.start + 1 <= self.max_model_len for x in s))
+
+    def bucket(self, n: int) -> int:
+        return self.buckets[bisect.bisect_left(self.buckets, n)]
+
+    def meta(self, bs: int) -> AttentionMetadata:
+        return AttentionMetadata(self.cu[:bs + 1], self.ctx[:bs], self.tables[:bs], self.slots[:bs],
+                                 max_query_len=1, max_context_len=self.max_model_len)
+
+    def fill(self, scheduled, bs: int) -> None:
+        """Copy the step's inputs into the static buffers; rows past the real ones become scratch-block dummies."""
+        rows = torch.full((bs, 4 + self.width), 0, dtype=torch.int64)
+        rows[:, 2], rows[:, 3], rows[:, 4:] = 1, -1, self.scratch_block
+        for i, s in enumerate(scheduled):
+            table = s.seq.block_table
+            p = s.start
+            rows[i, :4] = torch.tensor([s.token_ids[0], p, p + 1, table[p // self.block_size] * self.block_size
+                                        + p % self.block_size])
+            rows[i, 4:4 + len(table)] = torch.tensor(table)
+        rows = rows.to(self.ids.device, non_blocking=True)
+        self.ids[:bs], self.positions[:bs] = rows[:, 0], rows[:, 1]
+        self.ctx[:bs], self.slots[:bs] = rows[:, 2].int(), rows[:, 3]
+        self.tables[:bs] = rows[:, 4:].int()
+
+    def _eager(self, bs: int) -> torch.Tensor:
+        return self.model.forward(self.ids[:bs], self.positions[:bs], self.kv_caches, self.meta(bs))
+
+    def capture(self, bs: int) -> None:
+        # Warm up on a side stream (compiles every Triton kernel at these shapes), then capture.
+        self.ctx[:bs], self.slots[:bs] = 1, -1
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._eager(bs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self._eager(bs)
+        self.pool = graph.pool()
+        self.graphs[bs] = (graph, out)
+
+    def forward(self, scheduled) -> torch.Tensor:
+        """Hidden states [n, H] of a decode-only step."""
+        bs = self.bucket(len(scheduled))
+        if bs not in self.graphs:
+            self.capture(bs)
+        self.fill(scheduled, bs)
+        graph, out = self.graphs[bs]
+        graph.replay()
+        return out[:len(scheduled)]

@@ -1,0 +1,61 @@
+"""Decode CUDA graphs: the static-buffer, padded-batch forward gives the eager forward's bits (CPU checks the
+buffers and padding; the GPU test checks real graph replay against eager, issue 6 item 8)."""
+import pytest
+import torch
+
+from samebits.engine.cuda_graphs import DecodeGraphs
+from samebits.engine.llm import LLM
+from samebits.engine.sampling_params import SamplingParams
+from samebits.models.testing import write_tiny_checkpoint
+
+SHAPE = dict(hidden_size=256, intermediate_size=512, vocab_size=1024, num_attention_heads=4, num_key_value_heads=2)
+
+
+def decode_step(llm, prompts):
+    """Run the engine until every request decodes; return the next (decode-only) scheduler output."""
+    engine = llm.engine
+    for i, p in enumerate(prompts):
+        engine.add_request(f"g{i}", p, SamplingParams(max_tokens=50, ignore_eos=True))
+    while True:
+        out = engine.scheduler.schedule()
+        if all(s.num_new_tokens == 1 for s in out.scheduled):
+            return engine, out
+        engine.scheduler.update(out, {k: r.token_id for k, r in engine.runner.execute(out).items()})
+
+
+def test_static_padded_buffers_give_the_eager_bits(tmp_path):
+    ckpt = write_tiny_checkpoint(tmp_path, "llama3", seed=2, **SHAPE)
+    llm = LLM(model=str(ckpt), device="cpu", kv_cache_tokens=4096, max_model_len=512)
+    prompts = [[5 + i] * (10 + 7 * i) for i in range(5)]
+    engine, out = decode_step(llm, prompts)
+    runner = engine.runner
+    graphs = DecodeGraphs(runner.model, runner.kv_caches, runner.block_size, runner.scratch_block, 512, 8)
+    assert graphs.accepts(out) and graphs.bucket(len(out.scheduled)) == 8
+    eager = runner.forward(out.scheduled)
+    graphs.fill(out.scheduled, 8)
+    padded = graphs.model.forward(graphs.ids[:8], graphs.positions[:8], graphs.kv_caches, graphs.meta(8))
+    assert torch.equal(padded[:len(prompts)], eager)
+
+
+def test_prefill_steps_are_not_taken_by_graphs(tmp_path):
+    ckpt = write_tiny_checkpoint(tmp_path, "llama3", seed=2, **SHAPE)
+    llm = LLM(model=str(ckpt), device="cpu", kv_cache_tokens=4096, max_model_len=512)
+    llm.engine.add_request("p", [3] * 20, SamplingParams(max_tokens=2))
+    out = llm.engine.scheduler.schedule()
+    graphs = DecodeGraphs(llm.engine.runner.model, llm.engine.runner.kv_caches, 16, 0, 512, 8)
+    assert not graphs.accepts(out)
+
+
+@pytest.mark.gpu
+def test_graph_replay_equals_eager_on_cuda(tmp_path):
+    ckpt = write_tiny_checkpoint(tmp_path, "llama3", seed=2, torch_dtype="bfloat16", **SHAPE)
+    prompts = [[7 + i] * (20 + 37 * i) for i in range(19)]
+    params = SamplingParams(temperature=0.8, seed=5, max_tokens=24, logprobs=0, ignore_eos=True)
+    runs = {}
+    for graphs in (False, True):
+        llm = LLM(model=str(ckpt), device="cuda", cuda_graphs=graphs, kv_cache_tokens=16384, max_num_seqs=32)
+        runs[graphs] = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params,
+                                                                                               use_tqdm=False)]
+        if graphs:
+            assert llm.engine.runner.graphs.graphs, "no graph was captured"
+    assert runs[True] == runs[False]
