@@ -120,7 +120,13 @@ def words_to_uniforms(words: torch.Tensor) -> torch.Tensor:
 def uniforms(seeds, sample_indices, positions, vocab_size: int, stream: int = STREAM_SAMPLE,
              device=None) -> torch.Tensor:
     """[B, vocab_size] float32 uniforms in (0, 1), a pure function of each row's key and the column index."""
-    return words_to_uniforms(random_words(seeds, sample_indices, positions, vocab_size, stream, device))
+    keys = seed_tensor(seeds, device)
+    if keys.is_cuda:  # one fused pass instead of ~200 int64 ones; the same integer arithmetic, the same bits
+        from samebits.kernels.philox import philox_uniforms
+
+        return philox_uniforms(keys, _index_tensor(sample_indices, "sample_indices", keys.device),
+                               _index_tensor(positions, "positions", keys.device), vocab_size, stream)
+    return words_to_uniforms(random_words(keys, sample_indices, positions, vocab_size, stream, device))
 
 
 __all__ = ["philox4x32_10", "random_words", "seed_tensor", "uniforms", "words_to_uniforms"]

@@ -99,6 +99,12 @@ TILE_CONFIGS["rope.table"] = {
     "why": "the table is built once on the CPU, so its bits do not depend on a device's cos/sin.",
 }
 
+TILE_CONFIGS["philox"] = {
+    "config": {"rounds": 10, "uniform_bits": 24, "block": 1024},
+    "why": "integer arithmetic only (exact everywhere), so the block size cannot change a bit; the 24-bit uniforms "
+    "k * 2^-24 are exact in float32. rounds/bits are listed because changing them changes every sample.",
+}
+
 # Compiler options passed to every Triton launch.
 LAUNCH = dict(TILE_CONFIGS["triton"]["config"])
 

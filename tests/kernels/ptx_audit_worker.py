@@ -67,6 +67,11 @@ def _row_specs():
         specs.append((f"det_sum stage 1 {dt}", _spec(_jit("reduce", "_segment_sum_kernel"), types,
                                                      {"SPLIT": dcfg["split"], "BLOCK": dcfg["block"]}, ["x_ptr"],
                                                      {"num_warps": dcfg["num_warps"]})))
+    types = {"OUT": "*fp32", "SEED_LO": "*i64", "SEED_HI": "*i64", "POS": "*i64", "SAMPLE": "*i64", "V": "i32",
+             "stride_ob": "i32"}
+    specs.append(("philox uniforms", _spec(_jit("philox", "_philox_uniform_kernel"), types,
+                                           {"STREAM": 0, "BLOCK": TILE_CONFIGS["philox"]["config"]["block"]},
+                                           ["OUT"], {"num_warps": 4})))
     specs.append(("det_sum merge", _spec(_jit("reduce", "_merge_kernel"), {"part_ptr": "*fp32", "out_ptr": "*fp32"},
                                          {"SPLIT": dcfg["split"]}, [], {"num_warps": 1})))
     return specs
