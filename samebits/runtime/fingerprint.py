@@ -60,7 +60,7 @@ def cublas_version() -> str | None:
     return f"{n // 10000}.{n % 10000 // 100}.{n % 100}"
 
 
-def driver_version() -> str | None:
+def cuda_driver_api_version() -> str | None:
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -71,9 +71,24 @@ def driver_version() -> str | None:
     return f"{n.value // 1000}.{n.value % 1000 // 10}"
 
 
+def driver_version() -> str | None:
+    """The kernel driver's own version (e.g. 580.159.04) from NVML; None without an NVIDIA driver."""
+    try:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        if lib.nvmlInit_v2() != 0:
+            return None
+        buf = ctypes.create_string_buffer(96)
+        ok = lib.nvmlSystemGetDriverVersion(buf, ctypes.c_uint(96)) == 0
+        lib.nvmlShutdown()
+    except (OSError, AttributeError):
+        return None
+    return buf.value.decode() if ok else None
+
+
 def _cuda_fields(torch) -> dict:
     if not torch.cuda.is_available():
-        return {"cuda_runtime": None, "cublas": None, "driver": driver_version(), "gpu": None}
+        return {"cuda_runtime": None, "cublas": None, "driver": driver_version(),
+                "cuda_driver_api": cuda_driver_api_version(), "gpu": None}
     # A tiny matmul makes torch load cuBLAS(Lt), so the version read is the one that will compute.
     a = torch.ones(8, 8, device="cuda")
     (a @ a).sum().item()
@@ -82,6 +97,7 @@ def _cuda_fields(torch) -> dict:
         "cuda_runtime": torch.version.cuda,
         "cublas": cublas_version(),
         "driver": driver_version(),
+        "cuda_driver_api": cuda_driver_api_version(),
         "gpu": {"name": p.name, "capability": f"{p.major}.{p.minor}", "sm_count": p.multi_processor_count},
     }
 
