@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Wheels the GPU image lacks (server stack, gguf), for Python 3.12 x86_64, into .whl/ (git-ignored; carry it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .whl
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+  fastapi==0.165.0 uvicorn==0.54.0 pydantic==2.14.4 pydantic-core==2.50.5 starlette==1.10.0 \
+  annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 opentelemetry-api==1.45.2 gguf==0.19.0
+ls .whl
