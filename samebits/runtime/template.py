@@ -47,6 +47,8 @@ def env_problems(environ: dict[str, str] | None = None) -> list[Problem]:
 
 
 def _torch_flags(torch) -> dict:
+    import torch.utils.deterministic  # noqa: F401 - makes the attribute below resolvable
+
     b = torch.backends
     return {
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
@@ -58,6 +60,7 @@ def _torch_flags(torch) -> dict:
         "bf16_reduced_precision": b.cuda.matmul.allow_bf16_reduced_precision_reduction,
         "fp16_reduced_precision": b.cuda.matmul.allow_fp16_reduced_precision_reduction,
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "fill_uninitialized_memory": torch.utils.deterministic.fill_uninitialized_memory,
     }
 
 
@@ -71,6 +74,9 @@ DETERMINISTIC_FLAGS = {
     "bf16_reduced_precision": False,
     "fp16_reduced_precision": False,
     "float32_matmul_precision": "highest",
+    # Deterministic mode would NaN-fill every torch.empty: one extra kernel per buffer on the hot path. samebits'
+    # kernels write every output element (their tests poison outputs first), so the fill only costs time.
+    "fill_uninitialized_memory": False,
 }
 
 
@@ -84,6 +90,7 @@ def _set_torch_flags(torch, flags: dict) -> None:
     b.cuda.matmul.allow_bf16_reduced_precision_reduction = flags["bf16_reduced_precision"]
     b.cuda.matmul.allow_fp16_reduced_precision_reduction = flags["fp16_reduced_precision"]
     torch.set_float32_matmul_precision(flags["float32_matmul_precision"])
+    torch.utils.deterministic.fill_uninitialized_memory = flags["fill_uninitialized_memory"]
 
 
 def flag_problems() -> list[Problem]:
