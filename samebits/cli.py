@@ -46,6 +46,7 @@ def _print_json_or_table(data: dict, title: str, as_json: bool) -> None:
 def env(
     shell: bool = typer.Option(False, "--shell", help="Print the deployment template as shell exports."),
     check: bool = typer.Option(False, "--check", help="Check this environment; exit 1 with a table of problems."),
+    as_json: bool = typer.Option(False, "--json", help="With --check: print the problems as JSON."),
 ):
     """The deterministic deployment template (environment half)."""
     from samebits.runtime import env_problems, shell_exports
@@ -54,6 +55,9 @@ def env(
         print(shell_exports())
         return
     problems = env_problems()
+    if as_json:
+        print(json.dumps([{"variable": p.item, "expected": p.expected, "actual": p.actual} for p in problems]))
+        raise typer.Exit(1 if problems else 0)
     if not problems:
         console.print("[green]environment matches the deterministic template[/]")
         return
@@ -93,7 +97,8 @@ def lock(path: Path = typer.Argument(Path("samebits.lock")), mode: str = "determ
 
 
 @app.command("verify-lock")
-def verify_lock_cmd(path: Path = typer.Argument(Path("samebits.lock"))):
+def verify_lock_cmd(path: Path = typer.Argument(Path("samebits.lock")),
+                    as_json: bool = typer.Option(False, "--json", help="Print the drift as JSON.")):
     """Compare this machine with a lock file; exit 1 on drift, field by field."""
     from samebits.runtime import verify_lock
 
@@ -105,6 +110,9 @@ def verify_lock_cmd(path: Path = typer.Argument(Path("samebits.lock"))):
         fail(f"cannot read {path}: {e.strerror}")
     except ValueError as e:
         fail(f"{path} is not a samebits lock file ({e})")
+    if as_json:
+        print(json.dumps([{"field": f, "locked": old, "now": new} for f, old, new in drift]))
+        raise typer.Exit(1 if drift else 0)
     if not drift:
         console.print("[green]no drift[/]")
         return

@@ -141,3 +141,28 @@ def test_verify_corrupt_lock_is_one_line_error(tmp_path, body):
 def test_unknown_mode_is_one_line_error(tmp_path):
     assert_one_line_error(run("lock", str(tmp_path / "x.lock"), "--mode", "quick"))
     assert_one_line_error(run("fingerprint", "--mode", "quick"))
+
+
+def test_env_check_and_verify_lock_speak_json(tmp_path, monkeypatch):
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from samebits.cli import app
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    res = CliRunner().invoke(app, ["env", "--check", "--json"])
+    assert res.exit_code == 1
+    assert "CUBLAS_WORKSPACE_CONFIG" in {p["variable"] for p in _json.loads(res.output)}
+    lock = tmp_path / "samebits.lock"
+    assert CliRunner().invoke(app, ["lock", str(lock)]).exit_code == 0
+    clean = CliRunner().invoke(app, ["verify-lock", str(lock), "--json"])
+    assert clean.exit_code == 0 and _json.loads(clean.output) == []
+    edited = _json.loads(lock.read_text())
+    edited["torch"] = "0.0.0"
+    lock.write_text(_json.dumps(edited))
+    drift = CliRunner().invoke(app, ["verify-lock", str(lock), "--json"])
+    import torch
+
+    assert drift.exit_code == 1
+    assert _json.loads(drift.output) == [{"field": "torch", "locked": "0.0.0", "now": torch.__version__}]
