@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from samebits.engine.outputs import EngineStats
+
 
 class QueueFull(Exception):
     """The bounded waiting queue is full; the request was not admitted."""
@@ -105,7 +107,7 @@ class AsyncEngine:
         # Latency hooks (seconds since admission), called on the event loop: the server's histograms.
         self.on_first_output: Callable[[float], None] | None = None
         self.on_finished: Callable[[float], None] | None = None
-        self.stats: Any = None
+        self.stats: EngineStats | None = None
         self._idle_poll_s = idle_poll_s
         self._commands: collections.deque = collections.deque()
         self._wake = threading.Event()
@@ -281,9 +283,7 @@ class AsyncEngine:
             _settle(future, error=EngineDead("the engine loop has stopped"))
 
     def _refresh_stats(self) -> None:
-        stats = getattr(self.engine, "stats", None)
-        if stats is not None:
-            self.stats = stats()
+        self.stats = self.engine.stats()
         self.stats_time = time.monotonic()
 
     def _post(self, fn, *args) -> None:

@@ -7,24 +7,12 @@ from dataclasses import dataclass
 
 from samebits.engine.config import EngineConfig
 from samebits.engine.model_runner import ModelRunner
-from samebits.engine.outputs import CompletionOutput, RequestOutput
+from samebits.engine.outputs import CompletionOutput, EngineStats, RequestOutput
 from samebits.engine.sampling_params import SamplingParams
 from samebits.engine.scheduler import ScheduledSeq, Scheduler
 from samebits.engine.sequence import Sequence
 
 SEED_BITS = 63
-
-
-@dataclass
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_usage: float
-    prefix_queries: int
-    prefix_hits: int
-    num_preemptions: int
-    prompt_tokens: int
-    generation_tokens: int
 
 
 @dataclass

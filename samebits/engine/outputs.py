@@ -33,3 +33,17 @@ class RequestOutput:
     seed: int | None = None
     fingerprint: str | dict | None = None
     finished: bool = False
+
+
+@dataclass
+class EngineStats:
+    """What LLMEngine.stats() reports each step; the server's metrics read exactly these fields."""
+
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    prefix_queries: int
+    prefix_hits: int
+    num_preemptions: int
+    prompt_tokens: int
+    generation_tokens: int

@@ -6,22 +6,12 @@ engine thread takes after each step; token counters come from the AsyncEngine; l
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
-
-
-def _stat(stats: Any, *names: str, default: float = 0.0) -> float:
-    """The first of `names` the engine's stats object has (its field names are the engine's to choose)."""
-    for name in names:
-        value = stats.get(name) if isinstance(stats, dict) else getattr(stats, name, None)
-        if value is not None:
-            return float(value)
-    return default
 
 
 class _EngineCollector:
@@ -34,11 +24,9 @@ class _EngineCollector:
 
     def _gauges(self) -> Iterable:
         s, ae = self.ae.stats, self.ae
-        yield _gauge("num_requests_running", "Requests being generated.", _stat(s, "num_running",
-                                                                              default=ae.num_running))
-        yield _gauge("num_requests_waiting", "Requests waiting for their first token.",
-                     _stat(s, "num_waiting", default=ae.num_waiting))
-        yield _gauge("kv_cache_usage_ratio", "Fraction of KV blocks in use (0..1).", _stat(s, "kv_usage", "usage"))
+        yield _gauge("num_requests_running", "Requests being generated.", s.num_running)
+        yield _gauge("num_requests_waiting", "Requests waiting for their first token.", s.num_waiting)
+        yield _gauge("kv_cache_usage_ratio", "Fraction of KV blocks in use (0..1).", s.kv_usage)
         yield _gauge("engine_healthy", "1 while the engine loop runs.", float(ae.healthy))
 
     def _counters(self) -> Iterable:
@@ -49,11 +37,11 @@ class _EngineCollector:
         yield _counter("requests_aborted", "Requests aborted before they finished.", c.requests_aborted)
         yield _counter("requests_rejected_queue_full", "Requests refused with a full queue.", c.requests_rejected)
         yield _counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                       _stat(s, "prefix_cache_queries", "prefix_queries"))
+                       s.prefix_queries)
         yield _counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                       _stat(s, "prefix_cache_hits", "prefix_hits"))
+                       s.prefix_hits)
         yield _counter("num_preemptions", "Sequences preempted (recomputed) for lack of KV blocks.",
-                       _stat(s, "num_preemptions", "preemptions"))
+                       s.num_preemptions)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

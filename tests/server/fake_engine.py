@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from samebits.engine.outputs import CompletionOutput, RequestOutput
+from samebits.engine.outputs import CompletionOutput, EngineStats, RequestOutput
 from samebits.engine.sampling_params import SamplingParams
 
 VOCAB = 512
@@ -43,18 +43,6 @@ class FakeTokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         text = "".join(f"{m['role']}:{m['content']}\n" for m in messages)
         return text + ("assistant:" if add_generation_prompt else "")
-
-
-@dataclass
-class FakeStats:
-    num_running: int = 0
-    num_waiting: int = 0
-    num_free_blocks: int = 0
-    num_total_blocks: int = 0
-    kv_usage: float = 0.0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    num_preemptions: int = 0
 
 
 @dataclass
@@ -154,12 +142,11 @@ class FakeLLMEngine:
         elif len(s.token_ids) >= p.max_tokens:
             s.finish_reason = "length"
 
-    def stats(self) -> FakeStats:
+    def stats(self) -> EngineStats:
         used = sum(-(-(len(r.ids) + max(len(s.token_ids) for s in r.samples)) // BLOCK) for r in self.requests.values())
-        return FakeStats(num_running=min(len(self.requests), self.max_num_seqs),
-                         num_waiting=max(0, len(self.requests) - self.max_num_seqs),
-                         num_free_blocks=self.num_blocks - used, num_total_blocks=self.num_blocks,
-                         kv_usage=used / self.num_blocks)
+        return EngineStats(num_running=min(len(self.requests), self.max_num_seqs),
+                           num_waiting=max(0, len(self.requests) - self.max_num_seqs), kv_usage=used / self.num_blocks,
+                           prefix_queries=0, prefix_hits=0, num_preemptions=0, prompt_tokens=0, generation_tokens=0)
 
 
 def _copy(s: CompletionOutput) -> CompletionOutput:
