@@ -1,6 +1,7 @@
 """Turns one scheduled step into one model call: flatten the scheduled tokens, run, sample the rows that end a prompt."""
 from __future__ import annotations
 
+import itertools
 import warnings
 from dataclasses import dataclass
 
@@ -110,11 +111,12 @@ class ModelRunner:
         hidden = self._graph_forward(output) if self.graphs is not None and self.graphs.accepts(output) else None
         if hidden is None:
             hidden = self.forward(scheduled, output.batch_pad_to)
-        ends = torch.tensor(self._row_ends(scheduled), device=self.device).cumsum(0) - 1
+        # The last row of each chunk that ends its sequence; known on the host, so one small copy, no device scan.
+        ends = list(itertools.accumulate(s.num_new_tokens for s in scheduled))
         sampling = [i for i, s in enumerate(scheduled) if s.sample]
         if not sampling:
             return {}
-        rows = ends[torch.tensor(sampling, device=self.device)]
+        rows = torch.tensor([ends[i] - 1 for i in sampling], device=self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))
         return self._sample(logits, [scheduled[i].seq for i in sampling])
 
@@ -125,10 +127,6 @@ class ModelRunner:
             warnings.warn(f"CUDA graph capture failed ({e}); decode continues eagerly", stacklevel=2)
             self.graphs = None
             return None
-
-    @staticmethod
-    def _row_ends(scheduled) -> list[int]:
-        return [s.num_new_tokens for s in scheduled]
 
     def _sample(self, logits: torch.Tensor, seqs) -> dict[int, StepResult]:
         p = [s.params for s in seqs]
