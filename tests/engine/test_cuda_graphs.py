@@ -35,6 +35,10 @@ def test_static_padded_buffers_give_the_eager_bits(tmp_path):
     graphs.fill(out.scheduled, 8)
     padded = graphs.model.forward(graphs.ids[:8], graphs.positions[:8], graphs.kv_caches, graphs.meta(8))
     assert torch.equal(padded[:len(prompts)], eager)
+    # Negative control: the same comparison catches a buffer filled one position off.
+    graphs.positions[0] += 1
+    shifted = graphs.model.forward(graphs.ids[:8], graphs.positions[:8], graphs.kv_caches, graphs.meta(8))
+    assert not torch.equal(shifted[:len(prompts)], eager)
 
 
 def test_prefill_steps_are_not_taken_by_graphs(tmp_path):
