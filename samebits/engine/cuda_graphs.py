@@ -47,18 +47,18 @@ class DecodeGraphs:
 
     def fill(self, scheduled, bs: int) -> None:
         """Copy the step's inputs into the static buffers; rows past the real ones become scratch-block dummies."""
-        rows = torch.full((bs, 4 + self.width), 0, dtype=torch.int64)
-        rows[:, 2], rows[:, 3], rows[:, 4:] = 1, -1, self.scratch_block
-        for i, s in enumerate(scheduled):
-            table = s.seq.block_table
-            p = s.start
-            rows[i, :4] = torch.tensor([s.token_ids[0], p, p + 1, table[p // self.block_size] * self.block_size
-                                        + p % self.block_size])
-            rows[i, 4:4 + len(table)] = torch.tensor(table)
-        rows = rows.to(self.ids.device, non_blocking=True)
+        dummy = [0, 0, 1, -1] + [self.scratch_block] * self.width
+        rows = [self._row(s) for s in scheduled] + [dummy] * (bs - len(scheduled))
+        rows = torch.tensor(rows, dtype=torch.int64).to(self.ids.device, non_blocking=True)  # one copy per step
         self.ids[:bs], self.positions[:bs] = rows[:, 0], rows[:, 1]
         self.ctx[:bs], self.slots[:bs] = rows[:, 2].int(), rows[:, 3]
         self.tables[:bs] = rows[:, 4:].int()
+
+    def _row(self, s) -> list[int]:
+        """[token, position, context length, KV slot, block table padded with the scratch block]."""
+        table, p = s.seq.block_table, s.start
+        slot = table[p // self.block_size] * self.block_size + p % self.block_size
+        return [s.token_ids[0], p, p + 1, slot] + table + [self.scratch_block] * (self.width - len(table))
 
     def _eager(self, bs: int) -> torch.Tensor:
         return self.model.forward(self.ids[:bs], self.positions[:bs], self.kv_caches, self.meta(bs))
