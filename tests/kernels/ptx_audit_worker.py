@@ -77,6 +77,15 @@ def _row_specs():
     return specs
 
 
+def _attention_specs():
+    """Paged attention, its split merge, KV write and RoPE: the attention module lists its own launch configs."""
+    from samebits.kernels.attention import audit_specs
+
+    keys = ("num_warps", "num_stages", "enable_fp_fusion")
+    return [(f"attention {a['name']}", (a["fn"], a["signature"], a["constexprs"], {}, {k: a[k] for k in keys}))
+            for a in audit_specs()]
+
+
 def _ptx(spec):
     fn, sig, const, attrs, options = spec
     return triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
@@ -96,7 +105,7 @@ def _report(ptx):
 
 
 def main():
-    specs = _matmul_specs() + _row_specs()
+    specs = _matmul_specs() + _row_specs() + _attention_specs()
     specs.append(("control: tl.atomic_add fp32", _spec(_atomic_control, {"x_ptr": "*fp32", "out_ptr": "*fp32"}, {},
                                                         [], {"num_warps": 1})))
     # ptxas runs as a subprocess, so threads overlap the compiles.

@@ -110,45 +110,6 @@ def test_rope_kernel_close_to_reference_and_batch_invariant():
     assert_same_bits(k_part, k_out[5:6], "rope k row alone vs batched")
 
 
-_AUDIT = r"""
-import re, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from samebits.kernels.attention import audit_specs
-
-want = set(sys.argv[1:])
-for spec in audit_specs():
-    if spec["name"] not in want:
-        continue
-    opts = {k: spec[k] for k in ("num_warps", "num_stages", "enable_fp_fusion")}
-    ptx = triton.compile(ASTSource(spec["fn"], spec["signature"], spec["constexprs"]),
-                         target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
-    floats = re.findall(r"\b(?:atom|red)(?:\.\w+)*\.(?:f32|f16|bf16|f64|f16x2|bf16x2)\b", ptx)
-    print(spec["name"], "FLOAT_ATOMICS" if floats else "clean", len(ptx))
-"""
-
-
-@pytest.mark.timeout(300)
-def test_ptx_has_no_float_atomics():
-    """Compile for sm_90 (no GPU needed) in a process without the interpreter and grep the PTX."""
-    import os
-    import subprocess
-    import sys
-
-    names = ["paged_attention_bf16_d128_fold", "paged_attention_bf16_d128_partial", "merge_splits_bf16_d128",
-             "paged_attention_fp32_d64_fold", "write_kv_bf16", "rope_bf16"]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-c", _AUDIT, *names], env=env, capture_output=True, text=True, cwd=root,
-                          check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = dict(line.split()[:2] for line in done.stdout.splitlines())
-    assert set(lines) == set(names), done.stdout
-    assert all(v == "clean" for v in lines.values()), done.stdout
-
-
 def test_split_boundaries_with_a_small_split(monkeypatch):
     """Many splits on tiny shapes (the configured split may exceed every length the interpreter can afford)."""
     monkeypatch.setattr(triton_ops, "SPLIT", 64)

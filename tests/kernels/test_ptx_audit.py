@@ -29,6 +29,12 @@ def test_every_kernel_config_compiles_for_sm90_without_float_atomics(audit):
     assert not bad, f"float atomics in deterministic kernels: {bad}"
 
 
+def test_attention_kernels_are_audited(audit):
+    names = {k.split()[1] for k in audit if k.startswith("attention ")}
+    assert {"paged_attention_bf16_d128_fold", "paged_attention_bf16_d128_partial", "merge_splits_bf16_d128",
+            "write_kv_bf16", "rope_bf16"} <= names
+
+
 def test_audit_sees_a_float_atomic(audit):
     assert audit["control: tl.atomic_add fp32"]["float_atomics"], "the audit regex misses tl.atomic_add on fp32"
 
