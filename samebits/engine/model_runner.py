@@ -47,6 +47,7 @@ class ModelRunner:
         self.device = self.model.device
         self.dtype = self.model.dtype
         self.block_size = engine_config.block_size
+        self.prove_vendor_gemm()
         self.num_blocks = choose_num_blocks(engine_config, self.model_config, self.dtype, self.device)
         mc = self.model_config
         # One block past the managed pool is scratch: bucketed padding rows write their KV there.
@@ -55,6 +56,15 @@ class ModelRunner:
                                            mc.head_dim, self.dtype, self.device)
         self.sampler = Sampler(self.model.ops)
         self.graphs = None
+
+    def prove_vendor_gemm(self) -> None:
+        """Run cuBLASLt's self-tests now, before the KV pool is sized from the free memory they borrow."""
+        if self.device.type != "cuda" or not self.model.ops.deterministic:
+            return
+        from samebits.kernels.vendor_gemm import prove_weights
+
+        prove_weights(p for p in self.model.parameters() if p.dim() == 2)
+        torch.cuda.empty_cache()
 
     def enable_cuda_graphs(self, max_model_len: int) -> None:
         """Decode-only steps replay CUDA graphs (see cuda_graphs.py); a no-op off CUDA."""

@@ -38,8 +38,12 @@ def linear(x, weight, bias=None):
           f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need x [..., K], weight [N, K]")
     check(x.dtype == weight.dtype, "linear", f"x is {x.dtype}, weight is {weight.dtype}")
     if x.device.type == "cuda":
+        from samebits.kernels import vendor_gemm
         from samebits.kernels.matmul import linear as tri_linear
 
+        x2 = x.reshape(-1, x.shape[-1])
+        if vendor_gemm.eligible(x2, weight, bias):
+            return vendor_gemm.lt_linear(x2, weight).reshape(*x.shape[:-1], weight.shape[0])
         return tri_linear(x, weight, bias)
     return _cpu().linear(x, weight, bias)
 

@@ -24,6 +24,17 @@ TILE_CONFIGS["matmul"] = {
     "L2 (launch order only, never the math).",
 }
 
+TILE_CONFIGS["vendor_gemm"] = {
+    "config": {"enabled": True, "k_multiple": 64, "min_n": 64, "workspace_kib": "1", "eager_min_gflop": 137.5,
+               "test_m": [1, 2, 3, 8, 17, 64, 129, 256, 257, 512, 768, 1024, 1031, 2048, 3001, 4096, 8192]},
+    "why": "cuBLASLt with a 1 KiB workspace cannot split K; on the H200 it gave the Triton kernel's bits at every M "
+    "tried (1...8192, K a multiple of 64; shared/baseline/cublas_ws_probe.py and benchmarks/kernels.py), so it is "
+    "used only for a weight shape whose self-test (every element equal to the Triton kernel at each test_m) passed "
+    "in this process. Speed (benchmarks/kernels.py, H200): in a CUDA graph it matches stock cuBLAS at every M "
+    "(M=1: 12.8 us vs Triton 18.4 us); called eagerly torch adds ~0.25 ms of host time per call (its heuristic "
+    "query), so eager calls take it only above eager_min_gflop (~ where the Triton kernel's GPU time passes that).",
+}
+
 TILE_CONFIGS["triton"] = {
     "config": {"enable_fp_fusion": False},
     "why": "Pinned at every launch: whether a*b+c becomes one FMA changes bits, and Triton 3.9 warns that its "

@@ -11,7 +11,9 @@ from pathlib import Path
 from samebits import __version__
 
 # Fields that describe the run rather than the numerics: shown, never hashed.
-UNHASHED = {"hash"}
+# vendor_gemm: cuBLASLt self-test verdicts; a route is only taken where it gives the Triton kernel's bits, so a
+# verdict never changes an output bit.
+UNHASHED = {"hash", "vendor_gemm"}
 
 
 def _cpu_model() -> str:
@@ -117,6 +119,12 @@ def numerics_profile() -> dict:
     return profile()
 
 
+def _vendor_gemm_verdicts() -> dict:
+    from samebits.kernels.vendor_gemm import verdicts
+
+    return verdicts()
+
+
 def _hash(fields: dict) -> str:
     body = {k: v for k, v in fields.items() if k not in UNHASHED}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
@@ -138,6 +146,7 @@ def fingerprint(mode: str = "deterministic") -> dict:
         "cpu_threads": torch.get_num_threads(),
         "mode": mode,
         "numerics_profile": hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()[:16],
+        "vendor_gemm": _vendor_gemm_verdicts(),
     }
     fields["hash"] = _hash(fields)
     return fields

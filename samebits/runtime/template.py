@@ -10,14 +10,18 @@ import os
 from dataclasses import dataclass
 
 # cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it creates its handle, so it must be set before CUDA work starts.
+# CUBLASLT_WORKSPACE_SIZE (KiB) is read once, at torch's first cuBLASLt call: 1 KiB leaves cuBLASLt no room to split K,
+# which is what lets kernels/vendor_gemm.py prove it bit-equal to the Triton matmul.
 # NCCL: ring algorithm and simple protocol are pinned so a later tensor-parallel all-reduce has one reduction order;
 # NVLS (NVLink multicast) is off because its in-switch reduction order is not ours to fix.
 TEMPLATE_ENV: dict[str, str] = {
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    "CUBLASLT_WORKSPACE_SIZE": "1",
     "NCCL_ALGO": "Ring",
     "NCCL_PROTO": "Simple",
     "NCCL_NVLS_ENABLE": "0",
 }
+READ_ONCE_ENV = ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE")
 ACCEPTED_ENV: dict[str, set[str]] = {"CUBLAS_WORKSPACE_CONFIG": {":4096:8", ":16:8"}}
 
 
@@ -124,16 +128,26 @@ def deterministic_runtime():
     saved_flags = _torch_flags(torch)
     cuda_was_up = torch.cuda.is_initialized()
     try:
-        os.environ.update(TEMPLATE_ENV)
+        os.environ.update(_env_to_apply(saved_env, cuda_was_up))
         _set_torch_flags(torch, DETERMINISTIC_FLAGS)
         yield
     finally:
         _set_torch_flags(torch, saved_flags)
         if torch.cuda.is_initialized() and not cuda_was_up:
-            # cuBLAS read the template's value inside this block and keeps it for the process's life:
-            # leave the variable telling the truth (and let later blocks in this process pass the check).
-            saved_env.pop("CUBLAS_WORKSPACE_CONFIG")
+            # cuBLAS read the template's values inside this block and keeps them for the process's life:
+            # leave the variables telling the truth (and let later blocks in this process pass the check).
+            for key in READ_ONCE_ENV:
+                saved_env.pop(key)
         _restore_env(saved_env)
+
+
+def _env_to_apply(saved: dict[str, str | None], cuda_was_up: bool) -> dict[str, str]:
+    """All of the template, except a read-once cuBLASLt size that torch may already have read: then the variable
+    keeps its old value, so kernels/vendor_gemm.py sees the workspace is not pinned and keeps to the Triton matmul."""
+    env = dict(TEMPLATE_ENV)
+    if cuda_was_up and saved["CUBLASLT_WORKSPACE_SIZE"] != env["CUBLASLT_WORKSPACE_SIZE"]:
+        del env["CUBLASLT_WORKSPACE_SIZE"]
+    return env
 
 
 def _restore_env(saved: dict[str, str | None]) -> None:
