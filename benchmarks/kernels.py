@@ -24,7 +24,7 @@ import samebits.kernels as K
 import samebits.kernels.matmul as tm
 
 KDIM = 4096
-MM_M = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+MM_M = [1, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 4096, 8192]
 MM_N = [4096, 14336]
 SWEEP = {
     "decode": [[0, 16, 32, 128, 4, 6, 1], [0, 16, 32, 256, 4, 4, 1], [0, 16, 64, 128, 4, 4, 1],
@@ -79,21 +79,62 @@ def bench_pair(make, nbytes):
 
 
 def _mm_rows(dtype):
+    from samebits.kernels import vendor_gemm
+
     rows = []
     for n in MM_N:
         ws = [torch.randn(n, KDIM, device="cuda", dtype=dtype) / 64 for _ in range(copies_for(n * KDIM * 2))]
+        vendor_gemm.prove_weights(ws[:1])  # as the engine does at load: graphs then take cuBLASLt at every M
         for m in MM_M:
-            x = torch.randn(m, KDIM, device="cuda", dtype=dtype)
-            t_sb, t_ref = bench_pair(lambda i: (lambda: K.linear(x, ws[i % len(ws)]),
-                                                lambda: torch.nn.functional.linear(x, ws[i % len(ws)])),
-                                     (m + n) * KDIM * 2)
-            flops = 2 * m * n * KDIM
-            byts = (m * KDIM + n * KDIM + m * n) * x.element_size()
-            rows.append(dict(op="matmul", dtype=str(dtype)[6:], shape=f"{m}x{n}x{KDIM}", m=m, n=n,
-                             samebits_ms=t_sb, torch_ms=t_ref, ratio=t_ref / t_sb,
-                             samebits_tflops=flops / t_sb / 1e9, torch_tflops=flops / t_ref / 1e9,
-                             samebits_gbs=byts / t_sb / 1e6, tile=tm.tile_for(m)[1:]))
+            rows.append(_mm_row(m, n, ws, dtype))
     return rows
+
+
+def _mm_row(m, n, ws, dtype):
+    """K.linear (in a graph: the proven cuBLASLt route) vs stock torch; both routes timed alone too, in a graph and
+    eagerly."""
+    from samebits.kernels import vendor_gemm
+
+    x = torch.randn(m, KDIM, device="cuda", dtype=dtype)
+    w = lambda i: ws[i % len(ws)]  # noqa: E731
+    nbytes = (m + n) * KDIM * 2
+    t_sb, t_ref = bench_pair(lambda i: (lambda: K.linear(x, w(i)), lambda: torch.nn.functional.linear(x, w(i))),
+                             nbytes)
+    flops = 2 * m * n * KDIM
+    byts = (m * KDIM + n * KDIM + m * n) * x.element_size()
+    row = dict(op="matmul", dtype=str(dtype)[6:], shape=f"{m}x{n}x{KDIM}", m=m, n=n,
+               samebits_ms=t_sb, torch_ms=t_ref, ratio=t_ref / t_sb,
+               samebits_tflops=flops / t_sb / 1e9, torch_tflops=flops / t_ref / 1e9,
+               samebits_gbs=byts / t_sb / 1e6, tile=tm.tile_for(m)[1:],
+               # in a graph a proven shape takes cuBLASLt at every M (vendor_gemm.eligible)
+               route="cublaslt" if vendor_gemm.verdicts().get(f"{n}x{KDIM} {str(dtype)[6:]} cuda:0") else "triton")
+    if vendor_gemm.workspace_pinned():
+        row["triton_ms"], row["cublaslt_ms"] = bench_pair(
+            lambda i: (lambda: tm.linear(x, w(i)), lambda: vendor_gemm.lt_linear(x, w(i))), nbytes)
+        row["cublaslt_equals_triton"] = bool(torch.equal(tm.linear(x, ws[0]), vendor_gemm.lt_linear(x, ws[0])))
+        # Eager (no graph): host launch cost included, as in the engine's prefill steps.
+        for name, fn in (("triton", tm.linear), ("cublaslt", vendor_gemm.lt_linear),
+                         ("torch", torch.nn.functional.linear)):
+            row[f"{name}_eager_ms"] = bench_eager([lambda i=i: fn(x, w(i)) for i in range(copies_for(nbytes))])
+    return row
+
+
+def bench_eager(fns, reps: int = 5) -> float:
+    """Median milliseconds per call of fns launched from Python back to back (host cost included)."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for f in fns:
+            f()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / len(fns))
+    times.sort()
+    return times[len(times) // 2]
 
 
 def _row_rows():
@@ -199,13 +240,23 @@ def _table(rows, title):
     from rich.table import Table
 
     t = Table(title=title)
-    for c in ("op", "dtype", "shape", "samebits ms", "torch ms", "ratio", "TFLOP/s or GB/s", "tile"):
+    for c in ("op", "dtype", "shape", "samebits ms", "torch ms", "ratio", "TFLOP/s or GB/s", "tile",
+              "triton / cuBLASLt us; eager triton / Lt / torch"):
         t.add_column(c)
     for r in rows:
         perf = f"{r['samebits_tflops']:.0f} TF/s" if "samebits_tflops" in r else f"{r['samebits_gbs']:.0f} GB/s"
         t.add_row(r["op"], r["dtype"], r["shape"], f"{r['samebits_ms'] * 1e3:.1f}us", f"{r['torch_ms'] * 1e3:.1f}us",
-                  f"{r['ratio']:.2f}", perf, str(r.get("tile", "")))
-    Console(width=150).print(t)
+                  f"{r['ratio']:.2f}", perf, str(r.get("tile", "")) + (f" {r['route']}" if "route" in r else ""),
+                  _routes(r))
+    Console(width=220).print(t)
+
+
+def _routes(r) -> str:
+    if "cublaslt_ms" not in r:
+        return ""
+    same = "=" if r["cublaslt_equals_triton"] else "≠"
+    return (f"{r['triton_ms'] * 1e3:.1f} / {r['cublaslt_ms'] * 1e3:.1f} (bits {same}); eager "
+            f"{r['triton_eager_ms'] * 1e3:.0f} / {r['cublaslt_eager_ms'] * 1e3:.0f} / {r['torch_eager_ms'] * 1e3:.0f}")
 
 
 def _plot(rows, path):
@@ -218,7 +269,11 @@ def _plot(rows, path):
     for n in MM_N:
         for dt in ("bfloat16",):
             pts = [(r["m"], r["ratio"]) for r in rows if r["op"] == "matmul" and r["n"] == n and r["dtype"] == dt]
-            ax.plot(*zip(*pts), marker="o", label=f"matmul N={n} K={KDIM} {dt}")
+            ax.plot(*zip(*pts), marker="o", label=f"matmul N={n} K={KDIM} {dt} (routed)")
+            tri = [(r["m"], r["torch_ms"] / r["triton_ms"]) for r in rows
+                   if r["op"] == "matmul" and r["n"] == n and "triton_ms" in r]
+            if tri:
+                ax.plot(*zip(*tri), marker=".", linestyle=":", label=f"  Triton kernel alone, N={n}")
     for op in ("rms_norm", "log_softmax"):
         pts = [(r["m"], r["ratio"]) for r in rows if r["op"] == op]
         ax.plot(*zip(*pts), marker="s", linestyle="--", label=op)
