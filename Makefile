@@ -21,7 +21,8 @@ test: $(STAMP)
 
 # On the GPU machine: the image's python, no install (scripts/gpu_proof.sh runs this plus the benchmarks).
 test-gpu:
-	PYTHONPATH=. python3 -m pytest -q -m gpu tests
+	export PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} && eval "$$(python3 -m samebits env --shell)" && \
+	  python3 -m pytest -q -m gpu tests $(PYTEST_ARGS)
 
 serve: $(STAMP)
 	$(VENV)/bin/samebits serve
