@@ -73,7 +73,9 @@ class DecodeGraphs:
                 self._eager(bs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: CUDA calls from other threads (a server's, another engine's) must not void this capture; on
+        # the H200 a capture in the server test fell back to eager under the default "global" mode.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             out = self._eager(bs)
         self.pool = graph.pool()
         self.graphs[bs] = (graph, out)
