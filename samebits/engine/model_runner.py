@@ -78,6 +78,7 @@ class ModelRunner:
     def set_ops(self, ops) -> None:
         self.model.set_ops(ops)
         self.sampler = Sampler(ops)
+        self.prove_vendor_gemm()  # before any recapture: a graph only takes cuBLASLt for shapes already proven
         if self.graphs is not None:  # captured graphs hold the old kernels
             self.enable_cuda_graphs(self.graphs.max_model_len)
 

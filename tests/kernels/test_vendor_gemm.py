@@ -115,3 +115,4 @@ def test_linear_routes_big_eager_gemms_and_stays_invariant():
     full = K.linear(x, w)  # cuBLASLt (M = 8192)
     for m in (1, 17, 64, 257, 1023, 1024, 2049, 4096):
         assert_same_bits(K.linear(x[:m], w), full[:m], f"K.linear M={m} (Triton) vs M=8192 (cuBLASLt)")
+
