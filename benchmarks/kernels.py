@@ -107,7 +107,7 @@ def _mm_row(m, n, ws, dtype):
                samebits_tflops=flops / t_sb / 1e9, torch_tflops=flops / t_ref / 1e9,
                samebits_gbs=byts / t_sb / 1e6, tile=tm.tile_for(m)[1:],
                # in a graph a proven shape takes cuBLASLt at every M (vendor_gemm.eligible)
-               route="cublaslt" if vendor_gemm.verdicts().get(f"{n}x{KDIM} {str(dtype)[6:]} cuda:0") else "triton")
+               route="cublaslt" if vendor_gemm.is_proven(ws[0]) else "triton")
     if vendor_gemm.workspace_pinned():
         row["triton_ms"], row["cublaslt_ms"] = bench_pair(
             lambda i: (lambda: tm.linear(x, w(i)), lambda: vendor_gemm.lt_linear(x, w(i))), nbytes)

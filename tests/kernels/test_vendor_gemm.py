@@ -54,6 +54,14 @@ def test_template_leaves_a_read_once_size_alone_when_cuda_is_already_up():
     assert "CUBLASLT_WORKSPACE_SIZE" in _env_to_apply(pinned, cuda_was_up=True)
 
 
+def test_out_of_memory_leaves_the_shape_unproven(monkeypatch):
+    def oom(x, w):
+        raise torch.cuda.OutOfMemoryError("no room for the self-test")
+
+    monkeypatch.setattr(vg, "lt_linear", oom)
+    assert vg.self_test(64, 64, torch.bfloat16, "cpu") is False
+
+
 def test_verdicts_are_shown_in_the_fingerprint_but_never_hashed(monkeypatch):
     from samebits.runtime.fingerprint import fingerprint
 
