@@ -9,19 +9,24 @@ import contextlib
 import os
 from dataclasses import dataclass
 
+from samebits.kernels.configs import TILE_CONFIGS
+
 # cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it creates its handle, so it must be set before CUDA work starts.
 # CUBLASLT_WORKSPACE_SIZE (KiB) is read once, at torch's first cuBLASLt call: 1 KiB leaves cuBLASLt no room to split K,
 # which is what lets kernels/vendor_gemm.py prove it bit-equal to the Triton matmul.
 # NCCL: ring algorithm and simple protocol are pinned so a later tensor-parallel all-reduce has one reduction order;
 # NVLS (NVLink multicast) is off because its in-switch reduction order is not ours to fix.
+# MKL_CBWR: MKL's strict reproducible mode on its AVX2 code path (kernels/configs.py `cpu_mkl` says why), read once, at
+# MKL's first computation; runtime/mkl.py pins it in-process too, so entering the template before any matmul suffices.
 TEMPLATE_ENV: dict[str, str] = {
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
     "CUBLASLT_WORKSPACE_SIZE": "1",
     "NCCL_ALGO": "Ring",
     "NCCL_PROTO": "Simple",
     "NCCL_NVLS_ENABLE": "0",
+    "MKL_CBWR": TILE_CONFIGS["cpu_mkl"]["config"]["cnr"],
 }
-READ_ONCE_ENV = ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE")
+READ_ONCE_ENV = ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", "MKL_CBWR")
 ACCEPTED_ENV: dict[str, set[str]] = {"CUBLAS_WORKSPACE_CONFIG": {":4096:8", ":16:8"}}
 
 
@@ -127,8 +132,9 @@ def deterministic_runtime():
     saved_env = {k: os.environ.get(k) for k in TEMPLATE_ENV}
     saved_flags = _torch_flags(torch)
     cuda_was_up = torch.cuda.is_initialized()
+    mkl_pinned = mkl_cnr_pinned()
     try:
-        os.environ.update(_env_to_apply(saved_env, cuda_was_up))
+        os.environ.update(_env_to_apply(saved_env, cuda_was_up, mkl_pinned))
         _set_torch_flags(torch, DETERMINISTIC_FLAGS)
         yield
     finally:
@@ -136,17 +142,33 @@ def deterministic_runtime():
         if torch.cuda.is_initialized() and not cuda_was_up:
             # cuBLAS read the template's values inside this block and keeps them for the process's life:
             # leave the variables telling the truth (and let later blocks in this process pass the check).
-            for key in READ_ONCE_ENV:
+            for key in ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE"):
                 saved_env.pop(key)
+        if mkl_pinned:
+            saved_env.pop("MKL_CBWR")  # MKL keeps its mode for the process's life, as cuBLAS does
         _restore_env(saved_env)
 
 
-def _env_to_apply(saved: dict[str, str | None], cuda_was_up: bool) -> dict[str, str]:
-    """All of the template, except a read-once cuBLASLt size that torch may already have read: then the variable
-    keeps its old value, so kernels/vendor_gemm.py sees the workspace is not pinned and keeps to the Triton matmul."""
+def mkl_cnr_pinned() -> bool:
+    """Pin MKL's reproducible mode now if MKL has not computed yet; True when the template's mode is in force.
+
+    False when MKL already runs in another mode (it computed before the template was entered) or is not reachable:
+    not an error, because kernels/cpu/gemm.py proves the blocks it uses in whatever mode MKL runs, but the fingerprint
+    then shows the other mode and the thread count may be pinned."""
+    from samebits.runtime import mkl
+
+    return mkl.pin_cnr(TEMPLATE_ENV["MKL_CBWR"])
+
+
+def _env_to_apply(saved: dict[str, str | None], cuda_was_up: bool, mkl_pinned: bool) -> dict[str, str]:
+    """All of the template, except read-once values the libraries already read otherwise: a cuBLASLt size (then
+    kernels/vendor_gemm.py sees the workspace is not pinned and keeps to the Triton matmul) and MKL's mode (then
+    the variable keeps telling the truth about the MKL that computes)."""
     env = dict(TEMPLATE_ENV)
     if cuda_was_up and saved["CUBLASLT_WORKSPACE_SIZE"] != env["CUBLASLT_WORKSPACE_SIZE"]:
         del env["CUBLASLT_WORKSPACE_SIZE"]
+    if not mkl_pinned:
+        del env["MKL_CBWR"]
     return env
 
 

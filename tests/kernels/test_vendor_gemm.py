@@ -48,10 +48,10 @@ def test_workspace_pinned_reads_the_template_value(monkeypatch):
 def test_template_leaves_a_read_once_size_alone_when_cuda_is_already_up():
     # torch may already have read the old size: the route must then stay off, so the variable keeps telling the truth.
     saved = {k: None for k in TEMPLATE_ENV}
-    assert "CUBLASLT_WORKSPACE_SIZE" in _env_to_apply(saved, cuda_was_up=False)
-    assert "CUBLASLT_WORKSPACE_SIZE" not in _env_to_apply(saved, cuda_was_up=True)
+    assert "CUBLASLT_WORKSPACE_SIZE" in _env_to_apply(saved, cuda_was_up=False, mkl_pinned=True)
+    assert "CUBLASLT_WORKSPACE_SIZE" not in _env_to_apply(saved, cuda_was_up=True, mkl_pinned=True)
     pinned = dict(saved, CUBLASLT_WORKSPACE_SIZE=TEMPLATE_ENV["CUBLASLT_WORKSPACE_SIZE"])
-    assert "CUBLASLT_WORKSPACE_SIZE" in _env_to_apply(pinned, cuda_was_up=True)
+    assert "CUBLASLT_WORKSPACE_SIZE" in _env_to_apply(pinned, cuda_was_up=True, mkl_pinned=True)
 
 
 def test_out_of_memory_leaves_the_shape_unproven(monkeypatch):
