@@ -47,7 +47,7 @@ class ModelRunner:
         self.device = self.model.device
         self.dtype = self.model.dtype
         self.block_size = engine_config.block_size
-        self.prove_vendor_gemm()
+        self.prove_routes()
         self.num_blocks = choose_num_blocks(engine_config, self.model_config, self.dtype, self.device)
         mc = self.model_config
         # One block past the managed pool is scratch: bucketed padding rows write their KV there.
@@ -57,14 +57,22 @@ class ModelRunner:
         self.sampler = Sampler(self.model.ops)
         self.graphs = None
 
-    def prove_vendor_gemm(self) -> None:
-        """Run cuBLASLt's self-tests now, before the KV pool is sized from the free memory they borrow."""
-        if self.device.type != "cuda" or not self.model.ops.deterministic:
+    def prove_routes(self) -> None:
+        """Run the proven routes' self-tests now: on CUDA before the KV pool is sized from the free memory cuBLASLt's
+        borrow; on the CPU so a shape MKL cannot compute invariantly refuses the load instead of a request."""
+        if not self.model.ops.deterministic:
             return
-        from samebits.kernels.vendor_gemm import prove_weights
+        weights = [p for p in self.model.parameters() if p.dim() == 2]
+        if self.device.type == "cuda":
+            from samebits.kernels.vendor_gemm import prove_weights
 
-        prove_weights(p for p in self.model.parameters() if p.dim() == 2)
-        torch.cuda.empty_cache()
+            prove_weights(weights)
+            torch.cuda.empty_cache()
+        else:
+            from samebits.kernels.cpu import attention, gemm
+
+            gemm.prove_weights(weights)
+            attention.prove(self.model_config.num_kv_heads, self.model_config.head_dim)
 
     def enable_cuda_graphs(self, max_model_len: int) -> None:
         """Decode-only steps replay CUDA graphs (see cuda_graphs.py); a no-op off CUDA."""
@@ -78,7 +86,7 @@ class ModelRunner:
     def set_ops(self, ops) -> None:
         self.model.set_ops(ops)
         self.sampler = Sampler(ops)
-        self.prove_vendor_gemm()  # before any recapture: a graph only takes cuBLASLt for shapes already proven
+        self.prove_routes()  # before any recapture: a graph only takes cuBLASLt for shapes already proven
         if self.graphs is not None:  # captured graphs hold the old kernels
             self.enable_cuda_graphs(self.graphs.max_model_len)
 

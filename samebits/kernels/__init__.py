@@ -147,10 +147,12 @@ def det_mean(x, dim=None):
 
 
 def silu_and_mul(x):
-    """x [T, 2I] -> silu(x[:, :I]) * x[:, I:] in x.dtype, computed in fp32 (elementwise: invariant anywhere)."""
+    """x [T, 2I] -> silu(x[:, :I]) * x[:, I:] in x.dtype, computed in fp32 (on CPU spelled with exp: see kernels/cpu)."""
     from samebits.kernels.common import require
 
     require("silu_and_mul", x)
+    if x.device.type != "cuda":
+        return _cpu().silu_and_mul(x)
     import torch.nn.functional as F
 
     i = x.shape[-1] // 2

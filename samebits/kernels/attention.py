@@ -25,9 +25,6 @@ from samebits.kernels.configs import TILE_CONFIGS
 QUERY_ROWS = TILE_CONFIGS["attention.query_tile"]["config"]["rows"]
 KV_TILE = TILE_CONFIGS["attention.kv_tile"]["config"]["tokens"]
 SPLIT_TOKENS = TILE_CONFIGS["attention.split_kv"]["config"]["tokens"]
-CPU_QUERY_ROWS = TILE_CONFIGS["attention.cpu"]["config"]["query_rows"]
-CPU_KV_TILE = TILE_CONFIGS["attention.cpu"]["config"]["kv_tokens"]
-CPU_SPLIT_TOKENS = TILE_CONFIGS["attention.cpu"]["config"]["split_tokens"]
 TRITON_HEAD_DIMS = (64, 128)
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -125,6 +122,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
         return attention_triton.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=None)
     if deterministic:
+        from samebits.kernels.cpu.attention import paged_attention_cpu
+
         return paged_attention_cpu(q, k_cache, v_cache, meta, scale)
     return paged_attention_sdpa(q, k_cache, v_cache, meta, scale)
 
@@ -134,110 +133,6 @@ def _force_triton() -> bool:
     import os
 
     return os.environ.get("SAMEBITS_ATTENTION_TRITON") == "1"
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# CPU path (torch). Every matmul, exp and reduction runs on fixed-shape chunks: [Hkv, CPU_QUERY_ROWS, D] queries against
-# [Hkv, CPU_KV_TILE, D] keys, because torch CPU kernels pick blocking (and vector tails) from the shape.
-
-
-def _gather_kv(cache: torch.Tensor, table: torch.Tensor, ctx: int, tile: int) -> torch.Tensor:
-    """[Hkv, ctx rounded up to `tile`, D] float32 copy of one sequence's cache rows, zero padded."""
-    _, bs, h, d = cache.shape
-    n_blocks = -(-ctx // bs)
-    rows = cache[table[:n_blocks].long()].reshape(n_blocks * bs, h, d)[:ctx].float()
-    padded = rows.new_zeros(-(-ctx // tile) * tile, h, d)
-    padded[:ctx] = rows
-    return padded.transpose(0, 1).contiguous()
-
-
-def _query_chunk(q_seq: torch.Tensor, t0: int, tokens: int, rows: int, h_kv: int) -> torch.Tensor:
-    """[Hkv, rows, D] float32: rows are (token, head-in-group) of tokens t0..t0+tokens-1, zero padded."""
-    _, hq, d = q_seq.shape
-    g = hq // h_kv
-    part = q_seq[t0:t0 + tokens].float().reshape(tokens, h_kv, g, d).permute(1, 0, 2, 3).reshape(h_kv, tokens * g, d)
-    out = part.new_zeros(h_kv, rows, d)
-    out[:, :tokens * g] = part
-    return out
-
-
-def _tile_step(state, qc, k_t, v_t, n0, pos, scale):
-    """One KV tile of the online softmax. qc [H, R, D]; k_t/v_t [H, N, D]; pos [R] (-1 = padding row)."""
-    m, l, acc = state
-    n = n0 + torch.arange(k_t.shape[1])
-    s = torch.bmm(qc, k_t.transpose(1, 2)) * scale  # [H, R, N]
-    s = s.masked_fill((n[None, :] > pos[:, None])[None], float("-inf"))
-    live = (pos >= n0)[None, :]  # [1, R]: the tile holds at least one of the row's keys
-    m_new = torch.maximum(m, s.amax(-1))
-    m_safe = torch.where(live, m_new, torch.zeros_like(m_new))
-    alpha = torch.exp(m - m_safe)
-    p = torch.exp(s - m_safe[..., None])
-    l_new = l * alpha + p.sum(-1)
-    acc_new = acc * alpha[..., None] + torch.bmm(p, v_t)
-    return (torch.where(live, m_new, m), torch.where(live, l_new, l), torch.where(live[..., None], acc_new, acc))
-
-
-def fold_partials(run, part, live):
-    """Fold one split's (m, l, acc) into the running one; rows where `live` is False keep `run` exactly.
-
-    The single formula used by the sequential fold and by the merge of parallel splits."""
-    m_r, l_r, acc_r = run
-    m_s, l_s, acc_s = part
-    m = torch.maximum(m_r, m_s)
-    m_safe = torch.where(live, m, torch.zeros_like(m))
-    a, b = torch.exp(m_r - m_safe), torch.exp(m_s - m_safe)
-    l = l_r * a + l_s * b
-    acc = acc_r * a[..., None] + acc_s * b[..., None]
-    return (torch.where(live, m, m_r), torch.where(live, l, l_r), torch.where(live[..., None], acc, acc_r))
-
-
-def _empty_state(h, r, d):
-    return (torch.full((h, r), float("-inf")), torch.zeros(h, r), torch.zeros(h, r, d))
-
-
-def _split_partial(qc, k_all, v_all, pos, lo, hi, tile, scale):
-    state = _empty_state(qc.shape[0], qc.shape[1], qc.shape[2])
-    for n0 in range(lo, hi, tile):
-        state = _tile_step(state, qc, k_all[:, n0:n0 + tile], v_all[:, n0:n0 + tile], n0, pos, scale)
-    return state
-
-
-def _attend_chunk(qc, k_all, v_all, pos, scale, tile, split):
-    """Sequential fold over splits 0..n-1 of the keys the chunk's last row can see. Returns [H, R, D]."""
-    last = int(pos.max())
-    run = _empty_state(qc.shape[0], qc.shape[1], qc.shape[2])
-    for lo in range(0, last + 1, split):
-        hi = min(lo + split, -(-(last + 1) // tile) * tile)
-        run = fold_partials(run, _split_partial(qc, k_all, v_all, pos, lo, hi, tile, scale), (pos >= lo)[None, :])
-    _, l, acc = run
-    return acc / torch.where(l > 0, l, torch.ones_like(l))[..., None]
-
-
-def paged_attention_cpu(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, *, rows: int = CPU_QUERY_ROWS,
-                        tile: int = CPU_KV_TILE, split: int = CPU_SPLIT_TOKENS) -> torch.Tensor:
-    """Deterministic CPU path and the test reference; the keyword knobs exist for negative controls only."""
-    _, hq, d = q.shape
-    h_kv = k_cache.shape[2]
-    g = hq // h_kv
-    tokens_per_chunk = rows // g
-    out = torch.empty_like(q)
-    cu, ctx_lens = meta.cu_seqlens_q.tolist(), meta.context_lens.tolist()
-    tables = meta.block_tables.cpu()
-    for b, ctx in enumerate(ctx_lens):
-        q0, q1 = cu[b], cu[b + 1]
-        if q1 == q0:
-            continue
-        k_all, v_all = _gather_kv(k_cache, tables[b], ctx, tile), _gather_kv(v_cache, tables[b], ctx, tile)
-        first = ctx - (q1 - q0)
-        for t0 in range(0, q1 - q0, tokens_per_chunk):
-            n_tok = min(tokens_per_chunk, q1 - q0 - t0)
-            qc = _query_chunk(q[q0:q1], t0, n_tok, rows, h_kv)
-            r = torch.arange(rows)
-            pos = torch.where(r < n_tok * g, first + t0 + r // g, torch.full_like(r, -1))
-            o = _attend_chunk(qc, k_all, v_all, pos, scale, tile, split)  # [Hkv, rows, D]
-            o = o[:, :n_tok * g].reshape(h_kv, n_tok, g, d).permute(1, 0, 2, 3).reshape(n_tok, hq, d)
-            out[q0 + t0:q0 + t0 + n_tok] = o.to(q.dtype)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------------

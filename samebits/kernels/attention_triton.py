@@ -2,7 +2,7 @@
 
 Imported lazily (only on CUDA or under TRITON_INTERPRET=1) so that importing samebits never needs triton.
 Every kernel comes with a launcher that checks shapes, dtypes and strides; the plain-torch references live beside the
-public functions (attention.paged_attention_cpu, kv_cache.write_kv_reference, rope.apply_rope_reference).
+public functions (attention.paged_attention_reference, kv_cache.write_kv_reference, rope.apply_rope_reference).
 No atomics anywhere: each output element is written by exactly one program.
 """
 from __future__ import annotations

@@ -41,21 +41,38 @@ TILE_CONFIGS["triton"] = {
     "default flips in 3.10. No FMA contraction also matches what the CPU interpreter computes.",
 }
 
-TILE_CONFIGS["cpu_matmul"] = {
-    # block_rows: [max_M, rows] pairs, first match wins; min_n: N is padded up to this.
-    "config": {"block_rows": [[4, 4], [8, 8], [16, 16], [1 << 62, 64]], "min_n": 16},
-    "why": "torch's CPU mm (MKL) changes a row's bits with M, so every call is made on fixed-shape row blocks "
-    "padded with zeros. Measured on MKL 2024.2/AVX-512: blocks of 4, 8, 16, 32 and 64 rows give a row the same "
-    "bits (1 and 2 do not: GEMV paths), so small M uses small blocks. MKL also gave row-position-dependent bits "
-    "inside a block for 2 <= N <= 11 with odd K, so N is padded with zero columns up to 16. All measurements: "
-    "tests/kernels/test_cpu_invariance.py crosses every block size and guards them.",
+TILE_CONFIGS["cpu_gemm"] = {
+    # block_rows: the fixed row counts MKL is ever called with; canonical_rows: the block every other size must equal.
+    "config": {"block_rows": [4, 8, 16, 32, 64, 128, 256], "canonical_rows": 64, "min_n": 16,
+               "proof_seed": 20261201},
+    "why": "torch's CPU mm (MKL) picks its kernel, and so a row's reduction order, from the whole shape: raw mm "
+    "changed a row's bits with M on every CPU measured (AMD EPYC: 26-32 of 33 placements; Intel Sapphire Rapids: "
+    "33/33; shared/baseline/cpu_blocks_probe.py, docs/BENCHMARKS.md). So every GEMM is cut into row blocks of these "
+    "sizes, zero padded, one torch.mm per block (one torch.bmm over many blocks varied with the block count on Intel), "
+    "and N padded to min_n. That alone is a property of the CPU, not a guarantee (block sizes 4 and 64 disagreed on "
+    "Intel for K=1536, N=576), so kernels/cpu/gemm.py admits a block size for a weight shape only after a self-test "
+    "in this process shows it gives the canonical 64-row block's bits at every row position, and refuses the shape "
+    "when the canonical block itself is not position-, neighbour- and run-invariant. 1 and 2 rows are never used "
+    "(GEMV paths). M is covered by the largest blocks that fit, so at most a few padding rows are computed; 256 "
+    "rows are as fast as one call at M >= 256 (benchmarks/cpu_route.py).",
 }
 
-TILE_CONFIGS["cpu_rows"] = {
-    "config": {"block_rows": [[4, 4], [8, 8], [16, 16], [1 << 62, 64]]},
-    "why": "CPU row reductions (norms, softmax) run on fixed [rows, N] blocks of at least 4 rows, so torch never "
-    "picks its two-pass (split-the-row) reduction, which it uses when a reduction has a single output; each "
-    "row is then reduced by the same inner loop whatever the block's row count (guarded by the M sweep).",
+TILE_CONFIGS["cpu_mkl"] = {
+    "config": {"cnr": "AVX2,STRICT"},
+    "why": "MKL's strict conditional numerical reproducibility on the AVX2 branch: MKL's results then do not depend on "
+    "the thread count, and the AVX2 branch exists on every x86-64 CPU MKL supports (Intel's AVX-512 branch does not "
+    "run on older or AMD parts). On an Intel Sapphire Rapids it made raw mm batch-invariant and thread-independent "
+    "(shared/baseline/cpu_golden.py); on AMD EPYC MKL refuses the Intel branches and runs its AUTO branch strictly, "
+    "which gave the same known-answer hash. The template pins it (runtime/template.py); without it the route still "
+    "proves every block it uses, and pins the thread count where the bits follow it.",
+}
+
+TILE_CONFIGS["cpu_reduce"] = {
+    "config": {"tree": "halving: x[:, i] + x[:, i + P/2] on the width zero-padded to a power of two P"},
+    "why": "CPU row sums (norms, softmax, det_sum) are added in an order written here, not torch's: torch's vectorised "
+    "reductions follow the CPU's vector width (AVX2 and AVX-512 gave different softmax bits). Additions only, so "
+    "every CPU rounds them alike; trailing zeros leave the result unchanged, so a row's sum does not depend on how "
+    "far it was padded.",
 }
 
 TILE_CONFIGS["rms_norm"] = {
@@ -101,8 +118,13 @@ TILE_CONFIGS["attention.split_kv"] = {
 }
 
 TILE_CONFIGS["attention.cpu"] = {
-    "config": {"query_rows": 64, "kv_tokens": 64, "compute": "float32", "split_tokens": 256},
-    "why": "torch CPU mm results depend on M, so every CPU attention matmul runs on padded fixed-shape chunks.",
+    "config": {"query_rows": 64, "kv_tokens": 128, "value_pad": 16, "compute": "float32"},
+    "why": "Two passes per query chunk: scores of every KV tile (bmm on proven fixed shapes [Hkv, rows, D] x "
+    "[Hkv, D, kv_tokens]), the row max (exact), exp, then P @ [V | 1] tile by tile, added in tile order, so the "
+    "softmax denominator comes out of the same proven GEMM as the output (the ones column; value_pad keeps rows "
+    "aligned). A tile a row cannot see is skipped for it, so prefill, chunked prefill and decode fold the same "
+    "tiles in the same order. kv_tokens 128: fewest host ops per decode step on the demo workload (benchmarks in "
+    "docs/BENCHMARKS.md).",
 }
 
 TILE_CONFIGS["rope.table"] = {

@@ -57,6 +57,12 @@ def _bmm(a, b):
     return out
 
 
+def _silu(x):
+    # CPU only: torch's CPU silu gives a vector tail other bits than the vector body (see kernels/cpu/__init__.py).
+    _float_only("silu", x)
+    return K.cpu.silu(x)
+
+
 def _softmax(x, dim, half_to_float):
     _float_only("_softmax", x)
     y = K.softmax(x, dim)
@@ -115,7 +121,10 @@ OVERRIDES = {
     "mean.dim": _mean,
     "sum.dim_IntList": _sum,
     "rms_norm": _rms_norm,
+    "silu": _silu,
 }
+# Overrides that only the CPU needs; the rest are registered for every key in _DISPATCH_KEYS.
+_CPU_ONLY = {"silu"}
 
 
 def _register():
@@ -127,7 +136,7 @@ def _register():
             for name, fn in OVERRIDES.items():
                 if not _op_exists(name):  # rms_norm only exists in newer torch
                     continue
-                for key in _DISPATCH_KEYS:
+                for key in ("CPU",) if name in _CPU_ONLY else _DISPATCH_KEYS:
                     lib.impl(name, fn, key)
     except Exception:
         lib._destroy()

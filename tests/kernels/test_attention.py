@@ -15,9 +15,9 @@ from samebits.kernels.attention import (
     AttentionMetadata,
     AttentionUnsupported,
     paged_attention,
-    paged_attention_cpu,
     paged_attention_reference,
 )
+from samebits.kernels.cpu.attention import paged_attention_cpu
 from samebits.kernels.kv_cache import allocate_kv_cache, write_kv
 
 

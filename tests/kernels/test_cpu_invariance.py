@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import samebits.kernels as K
+from samebits.diagnostics.compare import assert_same_bits
 from tests.kernels.helpers import BATCH_SIZES, DTYPES, check_row_invariance, fresh_generator, rand, rows_that_differ
 
 H = 96
@@ -122,3 +123,28 @@ def test_bmm_entry_alone_equals_entry_in_batch(dtype):
         check_row_invariance(fn, entry, batch, [2, 3, 17, 64, 256], g, f"bmm {m}x{k}x{n} {dtype}")
         ref = entry[:m].double() @ entry[m:].double().t()
         assert (fn(entry[None])[0].double() - ref).abs().max() <= 1e-2 * ref.abs().max()
+
+
+# Widths whose element count leaves torch's vector loops a scalar tail (not a multiple of 32 floats).
+@pytest.mark.parametrize("width", [33, 100, 1001])
+def test_silu_and_mul_invariant_where_vector_tails_fall(width):
+    g = fresh_generator()
+    row = rand((2 * width,), torch.float32, g, scale=4.0)
+    check_row_invariance(K.silu_and_mul, row, lambda m: rand((m, 2 * width), torch.float32, g, scale=4.0),
+                         BATCH_SIZES, g, f"silu_and_mul I={width}")
+
+
+def test_negative_control_torch_silu_tail_gets_other_bits():
+    # Why samebits spells silu out: torch's CPU silu computes a vector tail with other bits than the vector body,
+    # so an element's bits follow where the tensor's size puts it.
+    g = fresh_generator()
+    x = rand((1_000_003,), torch.float32, g, scale=8.0)
+    full = torch.nn.functional.silu(x)
+    pieces = torch.cat([torch.nn.functional.silu(x[i:i + 7].clone()) for i in range(0, 7 * 2000, 7)])
+    if torch.equal(pieces, full[:pieces.numel()]):
+        pytest.skip("torch's silu happened to agree between its vector body and tail here")
+    ones = torch.ones_like(x)
+    ours_full = K.silu_and_mul(torch.stack([x, ones], 0).view(1, -1))[0]
+    ours_pieces = torch.cat([K.silu_and_mul(torch.stack([x[i:i + 7], ones[:7]], 0).view(1, 14))[0]
+                             for i in range(0, 7 * 2000, 7)])
+    assert_same_bits(ours_pieces, ours_full[:ours_pieces.numel()], "samebits silu: pieces vs whole")
