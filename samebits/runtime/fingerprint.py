@@ -12,8 +12,9 @@ from samebits import __version__
 
 # Fields that describe the run rather than the numerics: shown, never hashed.
 # vendor_gemm: cuBLASLt self-test verdicts; a route is only taken where it gives the Triton kernel's bits, so a
-# verdict never changes an output bit.
-UNHASHED = {"hash", "vendor_gemm"}
+# verdict never changes an output bit. cpu_gemm: the CPU route's verdicts; every block size it admits gives the
+# canonical block's bits, and what those depend on (MKL's mode and answer, the thread count) is hashed.
+UNHASHED = {"hash", "vendor_gemm", "cpu_gemm"}
 
 
 def _cpu_model() -> str:
@@ -125,6 +126,24 @@ def _vendor_gemm_verdicts() -> dict:
     return verdicts()
 
 
+def _cpu_gemm_verdicts() -> dict:
+    from samebits.kernels.cpu.gemm import verdicts
+
+    return verdicts()
+
+
+def _mkl_fields(torch) -> dict:
+    """MKL as it computes in this process: version, reproducibility mode, threads, and the known answer of one
+    canonical block of the CPU route (two machines with the same answer computed that block alike)."""
+    from samebits.kernels.cpu.gemm import known_answer
+    from samebits.runtime import mkl
+
+    version = next((line.strip(" -") for line in torch.__config__.show().splitlines() if "Math Kernel Library" in line),
+                   None)
+    return {"mkl": version, "mkl_cnr": mkl.cnr_mode(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_gemm_answer": known_answer()}
+
+
 def _hash(fields: dict) -> str:
     body = {k: v for k, v in fields.items() if k not in UNHASHED}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
@@ -144,9 +163,11 @@ def fingerprint(mode: str = "deterministic") -> dict:
         "cpu": _cpu_model(),
         "blas": _blas_backend(torch),
         "cpu_threads": torch.get_num_threads(),
+        **_mkl_fields(torch),
         "mode": mode,
         "numerics_profile": hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()[:16],
         "vendor_gemm": _vendor_gemm_verdicts(),
+        "cpu_gemm": _cpu_gemm_verdicts(),
     }
     fields["hash"] = _hash(fields)
     return fields
