@@ -1,11 +1,18 @@
 """`samebits demo`: the main job. The same 16 prompts alone and inside a busy mixed batch, in fast and deterministic
-mode, on the built-in model; a table of which prompts changed their tokens or logprob bits, and what it cost."""
+mode, on the built-in model; a table of which prompts changed their tokens or logprob bits, and what it cost.
+
+Each mode runs in a fresh process, as a user would start it: fast mode with the vendor libraries as they come,
+deterministic mode with the deployment template entered before anything computes (MKL's reproducible mode, like
+cuBLAS's workspace, can only be set before the library's first call)."""
 from __future__ import annotations
 
+import contextlib
 import json
+import multiprocessing
+import queue as queue_module
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -81,9 +88,8 @@ def _generate(engine, prompts: list, params: SamplingParams) -> list:
     return [done[i] for i in ids]
 
 
-def run_mode(loaded, mode: str, device: str, prompts, fillers, progress: Progress) -> ModeResult:
+def run_mode(loaded, mode: str, device: str, prompts, fillers, progress) -> ModeResult:
     from samebits.runtime import deterministic_runtime
-    import contextlib
 
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=0)
     result = ModeResult(mode)
@@ -130,33 +136,94 @@ def _summary(results: list[ModeResult]) -> dict:
                      "seconds": round(r.seconds, 2)} for r in results}
 
 
-def demo_command(model: str, device: str | None, json_path: Path | None, fail) -> None:
+class _ProgressToQueue:
+    """The part of rich's Progress that run_mode uses, sent to the parent process as events."""
+
+    def __init__(self, queue):
+        self.queue = queue
+
+    def add_task(self, description: str, total: int) -> int:
+        self.queue.put(("add", description, total))
+        return 0
+
+    def advance(self, task: int) -> None:
+        self.queue.put(("advance",))
+
+    def update(self, task: int, description: str) -> None:
+        self.queue.put(("update", description))
+
+
+def _mode_process(model: str, mode: str, device: str, queue) -> None:
+    """One mode in a fresh process: in deterministic mode the template is entered before the model loads."""
     from samebits.models import load_model
+    from samebits.runtime import deterministic_runtime, fingerprint
+
+    try:
+        with deterministic_runtime() if mode == "deterministic" else contextlib.nullcontext():
+            loaded = load_model(model, mode, device)
+            prompts = [loaded.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
+            result = run_mode(loaded, mode, device, prompts, _filler_prompts(loaded.tokenizer, FILLERS),
+                              _ProgressToQueue(queue))
+            queue.put(("done", asdict(result), fingerprint(mode)))
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        queue.put(("error", str(e)))
+
+
+def _run_in_fresh_process(model: str, mode: str, device: str, progress: Progress) -> tuple[ModeResult, dict]:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_mode_process, args=(model, mode, device, queue), daemon=True)
+    proc.start()
+    task = None
+    try:
+        while True:
+            try:
+                event = queue.get(timeout=1.0)
+            except queue_module.Empty:
+                if proc.exitcode is not None:
+                    raise RuntimeError(f"demo: the {mode} process exited with code {proc.exitcode}") from None
+                continue
+            if event[0] == "add":
+                task = progress.add_task(event[1], total=event[2])
+            elif event[0] == "advance":
+                progress.advance(task)
+            elif event[0] == "update":
+                progress.update(task, description=event[1])
+            elif event[0] == "done":
+                return ModeResult(**event[1]), event[2]
+            else:
+                raise RuntimeError(event[1])
+    finally:
+        proc.join(timeout=30)
+
+
+def demo_command(model: str, device: str | None, json_path: Path | None, fail) -> None:
+    from samebits.models import hub
     from samebits.models.loader import default_device
 
     console = Console()
     device = device or default_device()
+    if model in hub.BUILTIN:
+        hub.fetch(model)  # once, here, so the two mode processes never download it side by side
+    results, fps = [], {}
     try:
-        loaded = load_model(model, "deterministic", device)
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        with Progress(console=console, transient=True) as progress:
+            for mode in ("fast", "deterministic"):
+                result, fps[mode] = _run_in_fresh_process(model, mode, device, progress)
+                results.append(result)
+    except RuntimeError as e:
         fail(str(e))
-    prompts = [loaded.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
-    fillers = _filler_prompts(loaded.tokenizer, FILLERS)
-    with Progress(console=console, transient=True) as progress:
-        results = [run_mode(loaded, m, device, prompts, fillers, progress) for m in ("fast", "deterministic")]
-    _report(console, results, json_path, fail)
+    _report(console, results, fps["deterministic"], json_path, fail)
 
 
-def _report(console: Console, results: list[ModeResult], json_path: Path | None, fail) -> None:
-    from samebits.runtime import fingerprint
-
+def _report(console: Console, results: list[ModeResult], fp: dict, json_path: Path | None, fail) -> None:
     console.print(_table(results))
     summary = _summary(results)
     for mode, s in summary.items():
         console.print(f"{mode}: {s['prompts_with_token_diffs']}/16 prompts changed tokens, "
                       f"{s['prompts_with_logprob_bit_diffs']}/16 changed logprob bits, {s['seconds']:.1f} s")
-    fp = fingerprint("deterministic")
-    console.print(f"fingerprint {fp['hash']}  (torch {fp['torch']}, cuBLAS {fp['cublas']}, {fp['cpu'] if not fp['gpu'] else fp['gpu']['name']})")
+    where = fp["gpu"]["name"] if fp["gpu"] else f"{fp['cpu']}, MKL {fp['mkl_cnr']}, {fp['cpu_threads']} threads"
+    console.print(f"deterministic fingerprint {fp['hash']}  (torch {fp['torch']}, cuBLAS {fp['cublas']}, {where})")
     if json_path is not None:
         try:
             json_path.write_text(json.dumps({"summary": summary, "fingerprint": fp,

@@ -36,7 +36,8 @@ print(json.dumps({"hash": hashlib.sha256(json.dumps(rows).encode()).hexdigest()[
 
 def known_answer(extra_env: dict | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MKL_", "ATEN_CPU"))}
-    env.update({"MKL_CBWR": "AVX2,STRICT", "PYTHONPATH": str(ROOT)}, **(extra_env or {}))
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env.update({"MKL_CBWR": "AVX2,STRICT", "PYTHONPATH": path}, **(extra_env or {}))
     out = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
