@@ -141,7 +141,22 @@ def _mkl_fields(torch) -> dict:
     version = next((line.strip(" -") for line in torch.__config__.show().splitlines() if "Math Kernel Library" in line),
                    None)
     return {"mkl": version, "mkl_cnr": mkl.cnr_mode(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "cpu_gemm_answer": known_answer()}
+            "cpu_gemm_answer": known_answer(), "cpu_vector_math_answer": vector_math_answer(torch)}
+
+
+def vector_math_answer(torch) -> str:
+    """Hash of torch's CPU exp, log, rsqrt (float32) and exp, log, cos, sin (float64) on integer-built inputs: on the
+    machines measured these follow MKL's vector-math code path, which MKL picks per CPU vendor and mode
+    (kernels/configs.py `cpu_mkl`), so two machines with the same answer compute the model's elementwise math alike."""
+    i = torch.arange(1 << 14, dtype=torch.int64)
+    x = ((i * 2654435761 % 2001) - 1000).to(torch.float32) / 64.0
+    xd = x.double() / 3.0
+    parts = [torch.exp(x), torch.log(x.abs() + 1.0), torch.rsqrt(x.abs() + 1.0)]
+    parts64 = [torch.exp(xd), torch.log(xd.abs() + 1.0), torch.cos(xd), torch.sin(xd)]
+    digest = hashlib.sha256()
+    for p in parts + parts64:
+        digest.update(p.numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _hash(fields: dict) -> str:

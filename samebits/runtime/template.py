@@ -16,8 +16,9 @@ from samebits.kernels.configs import TILE_CONFIGS
 # which is what lets kernels/vendor_gemm.py prove it bit-equal to the Triton matmul.
 # NCCL: ring algorithm and simple protocol are pinned so a later tensor-parallel all-reduce has one reduction order;
 # NVLS (NVLink multicast) is off because its in-switch reduction order is not ours to fix.
-# MKL_CBWR: MKL's strict reproducible mode on its AVX2 code path (kernels/configs.py `cpu_mkl` says why), read once, at
-# MKL's first computation; runtime/mkl.py pins it in-process too, so entering the template before any matmul suffices.
+# MKL_CBWR: MKL's strict reproducible mode (kernels/configs.py `cpu_mkl` says why and which two are accepted), read
+# once, at MKL's first computation; runtime/mkl.py pins it in-process, so entering the template before any matmul
+# suffices.
 TEMPLATE_ENV: dict[str, str] = {
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
     "CUBLASLT_WORKSPACE_SIZE": "1",
@@ -27,7 +28,10 @@ TEMPLATE_ENV: dict[str, str] = {
     "MKL_CBWR": TILE_CONFIGS["cpu_mkl"]["config"]["cnr"],
 }
 READ_ONCE_ENV = ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", "MKL_CBWR")
-ACCEPTED_ENV: dict[str, set[str]] = {"CUBLAS_WORKSPACE_CONFIG": {":4096:8", ":16:8"}}
+ACCEPTED_ENV: dict[str, set[str]] = {
+    "CUBLAS_WORKSPACE_CONFIG": {":4096:8", ":16:8"},
+    "MKL_CBWR": {TILE_CONFIGS["cpu_mkl"]["config"]["cnr"], TILE_CONFIGS["cpu_mkl"]["config"]["portable_cnr"]},
+}
 
 
 class RuntimeTemplateError(RuntimeError):
@@ -132,9 +136,10 @@ def deterministic_runtime():
     saved_env = {k: os.environ.get(k) for k in TEMPLATE_ENV}
     saved_flags = _torch_flags(torch)
     cuda_was_up = torch.cuda.is_initialized()
-    mkl_pinned = mkl_cnr_pinned()
+    mkl_setting = mkl_setting_for(saved_env["MKL_CBWR"])
+    mkl_pinned = mkl_cnr_pinned(mkl_setting)
     try:
-        os.environ.update(_env_to_apply(saved_env, cuda_was_up, mkl_pinned))
+        os.environ.update(_env_to_apply(saved_env, cuda_was_up, mkl_pinned, mkl_setting))
         _set_torch_flags(torch, DETERMINISTIC_FLAGS)
         yield
     finally:
@@ -149,18 +154,24 @@ def deterministic_runtime():
         _restore_env(saved_env)
 
 
-def mkl_cnr_pinned() -> bool:
-    """Pin MKL's reproducible mode now if MKL has not computed yet; True when the template's mode is in force.
+def mkl_setting_for(current: str | None) -> str:
+    """The MKL mode to pin: the one already exported if the template accepts it (the portable path), else its own."""
+    return current if current in ACCEPTED_ENV["MKL_CBWR"] else TEMPLATE_ENV["MKL_CBWR"]
+
+
+def mkl_cnr_pinned(setting: str) -> bool:
+    """Pin MKL's reproducible mode now if MKL has not computed yet; True when `setting` is in force.
 
     False when MKL already runs in another mode (it computed before the template was entered) or is not reachable:
     not an error, because kernels/cpu/gemm.py proves the blocks it uses in whatever mode MKL runs, but the fingerprint
     then shows the other mode and the thread count may be pinned."""
     from samebits.runtime import mkl
 
-    return mkl.pin_cnr(TEMPLATE_ENV["MKL_CBWR"])
+    return mkl.pin_cnr(setting)
 
 
-def _env_to_apply(saved: dict[str, str | None], cuda_was_up: bool, mkl_pinned: bool) -> dict[str, str]:
+def _env_to_apply(saved: dict[str, str | None], cuda_was_up: bool, mkl_pinned: bool,
+                  mkl_setting: str | None = None) -> dict[str, str]:
     """All of the template, except read-once values the libraries already read otherwise: a cuBLASLt size (then
     kernels/vendor_gemm.py sees the workspace is not pinned and keeps to the Triton matmul) and MKL's mode (then
     the variable keeps telling the truth about the MKL that computes)."""
@@ -169,6 +180,8 @@ def _env_to_apply(saved: dict[str, str | None], cuda_was_up: bool, mkl_pinned: b
         del env["CUBLASLT_WORKSPACE_SIZE"]
     if not mkl_pinned:
         del env["MKL_CBWR"]
+    elif mkl_setting:
+        env["MKL_CBWR"] = mkl_setting
     return env
 
 

@@ -19,7 +19,7 @@ def stock(monkeypatch):
     in a process that has not computed yet (the template's mode can be pinned)."""
     for key in TEMPLATE_ENV:
         monkeypatch.delenv(key, raising=False)
-    monkeypatch.setattr(template, "mkl_cnr_pinned", lambda: True)
+    monkeypatch.setattr(template, "mkl_cnr_pinned", lambda setting: True)
     before = _torch_flags(torch)
     torch.use_deterministic_algorithms(False)
     torch.backends.cudnn.benchmark = True
@@ -57,12 +57,24 @@ def test_restored_after_exception(stock):
 
 def test_mkl_too_late_leaves_its_variable_telling_the_truth(stock, monkeypatch):
     # MKL computed before the template: its mode is fixed, the route proves what it runs, nothing is refused.
-    monkeypatch.setattr(template, "mkl_cnr_pinned", lambda: False)
+    monkeypatch.setattr(template, "mkl_cnr_pinned", lambda setting: False)
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
     with deterministic_runtime():
         assert os.environ["MKL_CBWR"] == "COMPATIBLE"
         assert flag_problems() == []
     assert os.environ["MKL_CBWR"] == "COMPATIBLE"
+
+
+@pytest.mark.parametrize("exported,pinned", [(None, "AVX2,STRICT"), ("COMPATIBLE,STRICT", "COMPATIBLE,STRICT"),
+                                             ("AVX512", "AVX2,STRICT")])
+def test_mkl_pins_the_portable_path_when_exported_else_its_own(stock, monkeypatch, exported, pinned):
+    asked = []
+    monkeypatch.setattr(template, "mkl_cnr_pinned", lambda setting: asked.append(setting) or True)
+    if exported:
+        monkeypatch.setenv("MKL_CBWR", exported)
+    with deterministic_runtime():
+        assert os.environ["MKL_CBWR"] == pinned
+    assert asked == [pinned]
 
 
 _MKL_SCRIPT = """
