@@ -89,8 +89,8 @@ def speed(progress: Progress) -> list[dict]:
         gemm.verdict("mm", 1, k, n)  # the proof is load-time work, not timed
         for m in SPEED_M:
             x = torch.randn(m, k)
-            stock = _median_ms(lambda: [F.linear(x, w) for w in ws]) / copies
-            ours = _median_ms(lambda: [K.linear(x, w) for w in ws]) / copies
+            stock = _median_ms(lambda x=x, ws=ws: [F.linear(x, w) for w in ws]) / copies
+            ours = _median_ms(lambda x=x, ws=ws: [K.linear(x, w) for w in ws]) / copies
             rows.append({"K": k, "N": n, "M": m, "stock_ms": round(stock, 4), "route_ms": round(ours, 4),
                          "ratio": round(ours / stock, 3)})
             progress.advance(task)

@@ -46,15 +46,16 @@ TILE_CONFIGS["cpu_gemm"] = {
     "config": {"block_rows": [4, 8, 16, 32, 64, 128, 256], "canonical_rows": 64, "min_n": 16,
                "proof_seed": 20261201},
     "why": "torch's CPU mm (MKL) picks its kernel, and so a row's reduction order, from the whole shape: raw mm "
-    "changed a row's bits with M on every CPU measured (AMD EPYC: 26-32 of 33 placements; Intel Sapphire Rapids: "
-    "33/33; shared/baseline/cpu_blocks_probe.py, docs/BENCHMARKS.md). So every GEMM is cut into row blocks of these "
-    "sizes, zero padded, one torch.mm per block (one torch.bmm over many blocks varied with the block count on Intel), "
-    "and N padded to min_n. That alone is a property of the CPU, not a guarantee (block sizes 4 and 64 disagreed on "
-    "Intel for K=1536, N=576), so kernels/cpu/gemm.py admits a block size for a weight shape only after a self-test "
-    "in this process shows it gives the canonical 64-row block's bits at every row position, and refuses the shape "
-    "when the canonical block itself is not position-, neighbour- and run-invariant. 1 and 2 rows are never used "
-    "(GEMV paths). M is covered by the largest blocks that fit, so at most a few padding rows are computed; 256 "
-    "rows are as fast as one call at M >= 256 (benchmarks/cpu_route.py).",
+    "changed a row's bits with M on both CPUs measured (AMD EPYC, Intel Sapphire Rapids with stock MKL: 33 of 33 "
+    "placements at five shapes; benchmarks/cpu_route.py, docs/BENCHMARKS.md section 7). So every GEMM is cut into "
+    "row blocks of these sizes, zero padded, one torch.mm per block (one torch.bmm over many blocks varied with the "
+    "block count on Intel), N padded to min_n. Which sizes agree is a property of the CPU and MKL mode, not a "
+    "guarantee: on AMD all of them, in every mode tried; on Intel with stock MKL as few as 64 and 128 (K=1536, "
+    "N=576), with the bits following the thread count; on Intel with MKL_CBWR=AVX2,STRICT all of them, "
+    "thread-independent. So kernels/cpu/gemm.py uses a size for a weight shape only after a self-test in this "
+    "process shows it gives the canonical block's bits, and refuses the shape when the canonical block itself is "
+    "not position-, neighbour- and run-invariant. 1 and 2 rows are never used (GEMV paths). M is covered by the "
+    "largest blocks that fit, so at most a few padding rows are computed.",
 }
 
 TILE_CONFIGS["cpu_mkl"] = {
@@ -64,10 +65,12 @@ TILE_CONFIGS["cpu_mkl"] = {
     "an AMD EPYC (torch 2.13) and an Intel Xeon Sapphire Rapids (torch 2.11), scripts/cpu_numerics_probe.py: MKL "
     "refuses the Intel branches on AMD and runs AUTO strictly; the route's GEMM block then equals Intel's AVX2 "
     "branch bit for bit, but torch's CPU exp/log/sin/cos go through MKL's vector math, which follows the branch on "
-    "Intel and not on AMD, so model bits differ (tokens agreed). COMPATIBLE agrees on both machines for GEMM and "
-    "vector math, at 2.2x the AVX2 path's time on `make demo` (AMD). So `cnr` is the fast path (batch-invariant "
-    "and thread-independent everywhere, machines told apart by the fingerprint's answers) and `portable_cnr` the "
-    "path whose bits tests/models/test_known_answer.py pins across machines.",
+    "Intel and not on AMD, so model bits differ (tokens agreed; thread-independent at 2 and 16 threads on Intel). "
+    "COMPATIBLE agrees on both machines for GEMM and vector math (the default model's known answer was equal at 2 "
+    "threads) but is not thread-independent (16 threads gave other bits on Intel: the route pins the count) and "
+    "takes 2.2x the AVX2 path's time on `make demo` (AMD). So `cnr` is the fast default (batch-invariant and "
+    "thread-independent, machines told apart by the fingerprint's answers) and `portable_cnr` the path whose bits "
+    "tests/models/test_known_answer.py pins across machines at a fixed thread count.",
 }
 
 TILE_CONFIGS["cpu_reduce"] = {
