@@ -65,7 +65,7 @@ def probe() -> dict:
     for k, n in PROBE_SHAPES:
         out[f"K={k},N={n}"] = {"raw torch.mm": placements_that_differ(lambda x, w: x @ w.t(), k, n),
                                "samebits route": placements_that_differ(K.linear, k, n),
-                               "verdict": gemm.verdicts().get(f"mm K={k} N={max(n, gemm.MIN_N)} "
+                               "verdict": gemm.verdicts().get(f"K={k} N={max(n, gemm.MIN_N)} "
                                                               f"t{gemm.current_threads()}")}
     return out
 
@@ -86,7 +86,7 @@ def speed(progress: Progress) -> list[dict]:
     for k, n in SPEED_SHAPES:
         copies = 1 if n * k > 1 << 24 else COPIES
         ws = [torch.randn(n, k) * k ** -0.5 for _ in range(copies)]
-        gemm.verdict("mm", 1, k, n)  # the proof is load-time work, not timed
+        gemm.verdict(k, n)  # the proof is load-time work, not timed
         for m in SPEED_M:
             x = torch.randn(m, k)
             stock = _median_ms(lambda x=x, ws=ws: [F.linear(x, w) for w in ws]) / copies

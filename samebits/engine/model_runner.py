@@ -72,7 +72,7 @@ class ModelRunner:
             from samebits.kernels.cpu import attention, gemm
 
             gemm.prove_weights(weights)
-            attention.prove(self.model_config.num_kv_heads, self.model_config.head_dim)
+            attention.prove(self.model_config.head_dim)
 
     def enable_cuda_graphs(self, max_model_len: int) -> None:
         """Decode-only steps replay CUDA graphs (see cuda_graphs.py); a no-op off CUDA."""

@@ -124,13 +124,14 @@ TILE_CONFIGS["attention.split_kv"] = {
 }
 
 TILE_CONFIGS["attention.cpu"] = {
-    "config": {"query_rows": 64, "kv_tokens": 128, "value_pad": 16, "compute": "float32"},
-    "why": "Two passes per query chunk: scores of every KV tile (bmm on proven fixed shapes [Hkv, rows, D] x "
-    "[Hkv, D, kv_tokens]), the row max (exact), exp, then P @ [V | 1] tile by tile, added in tile order, so the "
-    "softmax denominator comes out of the same proven GEMM as the output (the ones column; value_pad keeps rows "
-    "aligned). A tile a row cannot see is skipped for it, so prefill, chunked prefill and decode fold the same "
-    "tiles in the same order. kv_tokens 128: fewest host ops per decode step on the demo workload (benchmarks in "
-    "docs/BENCHMARKS.md).",
+    "config": {"query_rows": 256, "kv_tokens": 128, "value_pad": 16, "compute": "float32"},
+    "why": "Two passes per entry (a query chunk's rows for one KV head): scores of every KV tile through the canonical "
+    "block GEMM, the row max (exact), exp, then P @ [V | 1] tile by tile, added in tile order, so the softmax "
+    "denominator comes out of the same GEMM as the output (the ones column; value_pad keeps rows aligned). A tile "
+    "a row cannot see is skipped for it, so prefill, chunked prefill and decode fold the same tiles in the same "
+    "order (kernels/cpu/attention.py). query_rows: up to 256 (token, GQA head) rows per chunk, the largest CPU "
+    "block, so a prefill takes few chunks; kv_tokens 128 was chosen, not tuned (64/128/256 were within this "
+    "machine's noise on a mixed decode/prefill benchmark).",
 }
 
 TILE_CONFIGS["rope.table"] = {

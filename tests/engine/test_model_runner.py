@@ -28,9 +28,9 @@ def test_engine_proves_weight_shapes_only_in_deterministic_runs(monkeypatch, dev
     seen = {"cublaslt": [], "cpu": [], "attention": []}
     monkeypatch.setattr(vg, "prove_weights", lambda ws: seen["cublaslt"].extend(w.shape for w in ws))
     monkeypatch.setattr(cpu_gemm, "prove_weights", lambda ws: seen["cpu"].extend(w.shape for w in ws))
-    monkeypatch.setattr(cpu_attention, "prove", lambda h, d: seen["attention"].append((h, d)))
+    monkeypatch.setattr(cpu_attention, "prove", lambda d: seen["attention"].append(d))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     _runner(device, deterministic).prove_routes()
     for name in ("cublaslt", "cpu"):
         assert seen[name] == ([torch.Size([128, 64])] if route == name else []), name
-    assert seen["attention"] == ([(2, 64)] if route == "cpu" else [])
+    assert seen["attention"] == ([64] if route == "cpu" else [])

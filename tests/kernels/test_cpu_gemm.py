@@ -34,7 +34,7 @@ def test_every_row_count_gives_the_canonical_bits(k, n):
 
 def test_machine_admits_the_canonical_block_at_model_shapes():
     for k, n in [(576, 960), (576, 3072), (1536, 576)]:
-        v = gemm.verdict("mm", 1, k, n)
+        v = gemm.verdict(k, n)
         assert gemm.CANONICAL in v.rows and not v.failure
 
 
@@ -65,7 +65,7 @@ def test_negative_control_block_size_dependent_vendor_is_not_admitted(monkeypatc
     # A size-16 block computes other bits: the proof drops 16 and the route never uses it.
     monkeypatch.setattr(gemm, "block_gemm", _perturbed(lambda a, rows: torch.full_like(rows, a.shape[-2] == 16,
                                                                                     dtype=torch.bool)))
-    v = gemm.verdict("mm", 1, 96, 64)
+    v = gemm.verdict(96, 64)
     assert 16 not in v.rows and gemm.CANONICAL in v.rows
     assert all(16 not in gemm.pick_rows(m, v.rows) for m in range(1, 300))
 
@@ -83,7 +83,7 @@ def test_negative_control_run_to_run_variant_vendor_is_refused(monkeypatch, fres
     monkeypatch.setattr(gemm, "block_gemm", _perturbed(lambda a, rows: torch.full_like(
         rows, calls.append(1) or len(calls) > max(gemm.BLOCK_ROWS) // gemm.CANONICAL, dtype=torch.bool)))
     with pytest.raises(gemm.CpuRouteUnproven, match="two runs"):
-        gemm.verdict("mm", 1, 96, 64)
+        gemm.verdict(96, 64)
 
 
 @pytest.mark.skipif(not mkl.available(), reason="needs MKL's per-thread thread count")
@@ -91,19 +91,19 @@ def test_negative_control_thread_dependent_vendor_pins_the_count(monkeypatch, fr
     monkeypatch.setattr(gemm, "block_gemm", _perturbed(lambda a, rows: torch.full_like(
         rows, mkl.threads() == 1, dtype=torch.bool)))
     monkeypatch.setattr(gemm, "current_threads", lambda: 4)
-    v = gemm.verdict("mm", 1, 96, 64)
+    v = gemm.verdict(96, 64)
     assert not v.thread_independent and v.rows
     assert gemm._PINNED_THREADS == [4]
     monkeypatch.setattr(gemm, "current_threads", lambda: 3)
     with pytest.raises(gemm.CpuRouteUnproven, match="computed at 4 threads; now 3"):
-        gemm.verdict("mm", 1, 96, 64)
+        gemm.verdict(96, 64)
 
 
 @pytest.mark.skipif(not mkl.available(), reason="needs MKL's per-thread thread count")
 def test_bits_do_not_change_with_the_thread_count():
     g = fresh_generator()
     w, x = rand((960, 576), torch.float32, g), rand((37, 576), torch.float32, g)
-    if not gemm.verdict("mm", 1, 576, 960).thread_independent:
+    if not gemm.verdict(576, 960).thread_independent:
         pytest.skip("MKL's bits follow the thread count on this machine (the route pins it instead)")
     with mkl.local_threads(1):
         single = gemm.blocked_gemm(x, w)
@@ -111,12 +111,43 @@ def test_bits_do_not_change_with_the_thread_count():
 
 
 def test_verdicts_are_shown_for_the_fingerprint():
-    gemm.verdict("mm", 1, 576, 960)
+    gemm.verdict(576, 960)
     shown = gemm.verdicts()
-    name = next(k for k in shown if k.startswith("mm K=576 N=960"))
+    name = next(k for k in shown if k.startswith("K=576 N=960"))
     assert "rows" in shown[name] and "64" in shown[name]
 
 
 def test_known_answer_is_stable():
     assert gemm.known_answer() == gemm.known_answer()
     assert len(gemm.known_answer()) == 16
+
+
+def test_entry_gemm_gives_each_entry_its_canonical_bits():
+    g = fresh_generator()
+    for e, r, k, n in [(3, 4, 64, 128), (48, 4, 128, 80), (6, 64, 64, 128), (5, 16, 33, 20)]:
+        a, b = rand((e, r, k), torch.float32, g), rand((e, n, k), torch.float32, g)
+        got = gemm.entry_gemm(a, b, a.new_empty(e, r, n))
+        for i in range(e):
+            x = torch.zeros(gemm.CANONICAL, k)
+            x[:r] = a[i]
+            assert_same_bits(got[i], gemm.run_blocks(x, b[i], [gemm.CANONICAL])[:r], f"entry {i} of {e}, r={r}")
+
+
+def test_negative_control_batch_count_dependent_bmm_falls_back_to_one_mm_per_entry(monkeypatch, fresh_verdicts):
+    # A bmm whose bits change once it holds more than 4 entries: the proof refuses it, entries get torch.mm each.
+    monkeypatch.setattr(gemm, "_BATCHED", {})
+    real = gemm._bmm
+
+    def variant(a, b, out):
+        real(a, b, out)
+        if a.shape[0] > 4:
+            out.copy_(torch.nextafter(out, torch.tensor(float("inf"))))
+        return out
+
+    monkeypatch.setattr(gemm, "_bmm", variant)
+    assert gemm.batched_rows(4, 64, 128) and gemm.batched_rows(8, 64, 128) == ()
+    g = fresh_generator()
+    a, b = rand((8, 4, 64), torch.float32, g), rand((8, 128, 64), torch.float32, g)
+    got = gemm.entry_gemm(a, b, a.new_empty(8, 4, 128))
+    assert_same_bits(got, torch.stack([a[i] @ b[i].t() for i in range(8)]), "fallback vs torch.mm per entry")
+    assert "torch.mm per entry" in gemm.verdicts()["bmm B=8 K=64 N=128 t" + str(gemm.current_threads())]

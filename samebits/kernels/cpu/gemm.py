@@ -1,17 +1,19 @@
 """The proven CPU GEMM route: MKL is only ever called on fixed-shape row blocks, and a block shape is used only after a
 self-test in this process has shown it gives a row the canonical block's bits.
 
-Triple: `block_gemm` is the launcher (the only place samebits calls torch.mm/torch.bmm on floats on the CPU), the
-canonical 64-row block is the reference every other block size must equal, and `self_test` is the proof, run once per
-(call kind, batch, K, N, MKL thread count) before the shape is used. Two call kinds, both a_block @ b^T: "mm"
-(linears: a [r, K], a weight b [N, K]) and "bmm" (attention tiles: a fixed batch of heads). What the proof checks, on random data of the
-shape, in the exact layout the callers use:
+Triple: `block_gemm` (one block, a @ b^T with torch.mm) and `entry_gemm` (a batch of independent blocks, one
+torch.bmm) are the launchers, the only places samebits calls MKL on floats; the canonical block, one torch.mm of 64
+rows, is the reference every other call must equal; `self_test` and `_batch_test` are the proofs, run once per
+(K, N, MKL thread count), and per batch size for torch.bmm, before a shape is used. What the proof checks, on random
+data of the shape, in the exact layout the callers use:
 
 - the canonical block gives every row the same bits at every position in the block, whatever its neighbours are
   (other rows, zero padding), run after run; otherwise the shape is refused (`CpuRouteUnproven`);
 - each other block size gives every row the canonical bits; a size that does not is never used for the shape;
 - at one MKL thread the canonical bits are the same; if not, the bits follow the thread count, which the process
-  then pins: a later call at another count raises instead of computing other bits.
+  then pins: a later call at another count raises instead of computing other bits;
+- torch.bmm over a batch of blocks gives every entry the bits of its own canonical torch.mm (on Intel with stock MKL a
+  bmm over many blocks varied with their number); where it does not, `entry_gemm` calls torch.mm per entry.
 
 Verdicts are shown in the fingerprint (`cpu_gemm`). They never change a bit: every admitted size gives the canonical
 block's bits, and the thread count they may depend on is hashed in the fingerprint (`cpu_threads`).
@@ -46,21 +48,17 @@ class Verdict:
     failure: str = ""  # what the canonical block failed, when it did
 
 
-# (kind, batch, K, N, threads) -> Verdict; process-wide, because MKL's code path and thread pool are.
+# (K, N, threads) -> Verdict and (batch, K, N, threads) -> block sizes torch.bmm may take; process-wide, because
+# MKL's code path and thread pool are.
 _VERDICTS: dict[tuple, Verdict] = {}
+_BATCHED: dict[tuple, tuple[int, ...]] = {}
 _LOCK = threading.Lock()
 _PINNED_THREADS: list[int] = []  # the count fixed by the first thread-dependent shape, once there is one
 
 
 def block_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out = a @ b^T for one block, all float32 and contiguous: a [r, K] / [B, r, K], b [N, K] / [B, N, K]."""
-    if a.dim() == 2:
-        return torch.mm(a, b.t(), out=out)
-    return torch.bmm(a, b.transpose(1, 2), out=out)
-
-
-def _kind(b: torch.Tensor) -> str:
-    return "mm" if b.dim() == 2 else "bmm"
+    """out = a @ b^T for one block: a [r, K], b [N, K], out [r, N], float32 and contiguous."""
+    return torch.mm(a, b.t(), out=out)
 
 
 def current_threads() -> int:
@@ -68,37 +66,37 @@ def current_threads() -> int:
     return n if n is not None else torch.get_num_threads()
 
 
-def verdict(kind: str, batch: int, k: int, n: int) -> Verdict:
-    """The proof for this shape at the current MKL thread count, run the first time it is asked."""
+def verdict(k: int, n: int) -> Verdict:
+    """The proof for a @ b^T with b [N, K] at the current MKL thread count, run the first time it is asked."""
     t = current_threads()
-    key = (kind, batch, k, n, t)
+    key = (k, n, t)
     v = _VERDICTS.get(key)
     if v is None:
         with _LOCK:
             v = _VERDICTS.get(key)
             if v is None:
-                v = _VERDICTS[key] = self_test(kind, batch, k, n)
+                v = _VERDICTS[key] = self_test(k, n)
     if not v.rows:
-        raise CpuRouteUnproven(_refusal(kind, batch, k, n, v.failure))
+        raise CpuRouteUnproven(_refusal(k, n, v.failure))
     if not v.thread_independent:
-        _pin_threads(t, kind, k, n)
+        _pin_threads(t, k, n)
     return v
 
 
-def _pin_threads(t: int, kind: str, k: int, n: int) -> None:
+def _pin_threads(t: int, k: int, n: int) -> None:
     with _LOCK:
         if not _PINNED_THREADS:
             _PINNED_THREADS.append(t)
     if _PINNED_THREADS[0] != t:
         raise CpuRouteUnproven(
-            f"samebits deterministic (cpu): MKL's bits for the {kind} GEMM K={k}, N={n} depend on the thread count "
+            f"samebits deterministic (cpu): MKL's bits for the GEMM K={k}, N={n} depend on the thread count "
             f"on this machine (MKL CNR {mkl.cnr_mode()}), and this process computed at {_PINNED_THREADS[0]} threads; "
             f"now {t}. Keep the count fixed for the process's life, or start Python with MKL_CBWR=AVX2,STRICT "
             "(`eval \"$(samebits env --shell)\"`), which makes MKL's results independent of it.")
 
 
-def _refusal(kind: str, batch: int, k: int, n: int, why: str) -> str:
-    return (f"samebits deterministic (cpu): no batch-invariant block of the {kind} GEMM batch={batch}, K={k}, N={n} "
+def _refusal(k: int, n: int, why: str) -> str:
+    return (f"samebits deterministic (cpu): no batch-invariant block of the GEMM K={k}, N={n} "
             f"on this machine: {why} (MKL CNR {mkl.cnr_mode()}, {current_threads()} threads). Start Python with "
             "MKL_CBWR=AVX2,STRICT (`eval \"$(samebits env --shell)\"`) so MKL runs one reproducible code path, or use "
             "mode='fast'; refusing to run batch-variant kernels in deterministic mode")
@@ -117,73 +115,106 @@ def pick_rows(m: int, admitted: tuple[int, ...]) -> list[int]:
     return blocks
 
 
-def block_for(bs: list[torch.Tensor], m: int, rows: tuple[int, ...]) -> int:
-    """The smallest block size among `rows` that holds m rows and is admitted for a @ b^T with every b in `bs`
-    (float32, contiguous): callers that make several GEMMs of one block of rows. The canonical size always is."""
+def block_for(shapes: list[tuple[int, int]], m: int, rows: tuple[int, ...]) -> int:
+    """The smallest block size among `rows` that holds m rows and is admitted for every (K, N) in `shapes`: callers
+    that make several GEMMs of one block of rows. The canonical size always is."""
     admitted = set(rows)
-    for b in bs:
-        admitted &= set(verdict(_kind(b), b.shape[0] if b.dim() == 3 else 1, b.shape[-1], b.shape[-2]).rows)
+    for k, n in shapes:
+        admitted &= set(verdict(k, n).rows)
     return min(r for r in admitted | {CANONICAL} if r >= m)
 
 
-def blocked_gemm(a: torch.Tensor, b: torch.Tensor, rows: tuple[int, ...] | None = None) -> torch.Tensor:
-    """a [M, K] @ b [N, K]^T (or batched: a [B, M, K], b [B, N, K]) -> float32 [..., M, max(N, MIN_N)], each row's
-    bits independent of M. `rows` restricts the block sizes (callers whose M is bounded)."""
+def blocked_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [M, K] @ b [N, K]^T -> float32 [M, max(N, MIN_N)], each row's bits independent of M."""
     a, b = a.float(), _pad_n(b.float()).contiguous()
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-2]
-    v = verdict(_kind(b), b.shape[0] if b.dim() == 3 else 1, k, n)
-    sizes = pick_rows(m, tuple(r for r in v.rows if rows is None or r in rows))
+    m, k = a.shape
+    sizes = pick_rows(m, verdict(k, b.shape[0]).rows)
     total = sum(sizes)
     if total != m or not a.is_contiguous():
-        padded = a.new_zeros(*a.shape[:-2], total, k)
-        padded[..., :m, :] = a
+        padded = a.new_zeros(total, k)
+        padded[:m] = a
         a = padded
-    return run_blocks(a, b, sizes)[..., :m, :]
+    return run_blocks(a, b, sizes)[:m]
 
 
 def run_blocks(a: torch.Tensor, b: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-    """a [..., sum(sizes), K] cut into consecutive blocks of `sizes` rows, one `block_gemm` each -> [..., rows, N].
+    """a [sum(sizes), K] cut into consecutive blocks of `sizes` rows, one `block_gemm` each -> [rows, N].
 
     The one calling pattern of the route: the self-test goes through it too, so it proves the calls made here."""
-    out = a.new_empty(*a.shape[:-1], b.shape[-2])
+    out = a.new_empty(a.shape[0], b.shape[0])
     start = 0
     for r in sizes:
-        block = a[..., start:start + r, :]
-        if a.dim() == 2:  # a row slice of a 2-D tensor is contiguous: write in place
-            block_gemm(block, b, out[start:start + r])
-        else:
-            res = a.new_empty(*a.shape[:-2], r, b.shape[-2])
-            block_gemm(block.contiguous(), b, res)
-            out[..., start:start + r, :] = res
+        block_gemm(a[start:start + r], b, out[start:start + r])  # row slices of 2-D tensors are contiguous
         start += r
     return out
 
 
-def _pad_n(b: torch.Tensor) -> torch.Tensor:
-    """N padded with zero rows up to MIN_N: MKL's small-N paths gave row-position-dependent bits (2 <= N <= 11)."""
-    n = b.shape[-2]
-    if n >= MIN_N:
-        return b
-    out = b.new_zeros(*b.shape[:-2], MIN_N, b.shape[-1])
-    out[..., :n, :] = b
+def entry_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out[i] = a[i] @ b[i]^T for independent entries (a [E, r, K], b [E, N, K], out [E, r, N], float32, contiguous),
+    each with its canonical torch.mm bits: one torch.bmm where the batch was proven to give them, else one torch.mm per
+    entry. r must be admitted for (K, N) (`block_for`)."""
+    e, r, k = a.shape
+    if r in batched_rows(e, k, b.shape[1]):
+        return _bmm(a, b, out)
+    for i in range(e):
+        block_gemm(a[i], b[i], out[i])
     return out
 
 
-def self_test(kind: str, batch: int, k: int, n: int) -> Verdict:
+def _bmm(a, b, out):
+    return torch.bmm(a, b.transpose(1, 2), out=out)
+
+
+def batched_rows(batch: int, k: int, n: int) -> tuple[int, ...]:
+    """Block sizes at which one torch.bmm over `batch` entries gives each the bits of its own canonical torch.mm."""
+    key = (batch, k, n, current_threads())
+    rows = _BATCHED.get(key)
+    if rows is None:
+        with _LOCK:
+            rows = _BATCHED.get(key)
+            if rows is None:
+                rows = _BATCHED[key] = _batch_test(batch, k, n)
+    return rows
+
+
+def _batch_test(batch: int, k: int, n: int) -> tuple[int, ...]:
+    g = torch.Generator().manual_seed(_CFG["proof_seed"] + 104729 * batch + 7919 * k + n)
+    height = max(BLOCK_ROWS)
+    a = torch.randn(batch, height, k, generator=g)
+    b = torch.randn(batch, n, k, generator=g) * k ** -0.5
+    ref = torch.stack([run_blocks(a[i], b[i], [CANONICAL] * (height // CANONICAL)) for i in range(batch)])
+    admitted = []
+    for r in BLOCK_ROWS:
+        blocks = [_bmm(a[:, s:s + r].contiguous(), b, a.new_empty(batch, r, n)) for s in range(0, height, r)]
+        if _same_bits(torch.cat(blocks, dim=1), ref):
+            admitted.append(r)
+    return tuple(admitted)
+
+
+def _pad_n(b: torch.Tensor) -> torch.Tensor:
+    """N padded with zero rows up to MIN_N: MKL's small-N paths gave row-position-dependent bits (2 <= N <= 11)."""
+    n = b.shape[0]
+    if n >= MIN_N:
+        return b
+    out = b.new_zeros(MIN_N, b.shape[1])
+    out[:n] = b
+    return out
+
+
+def self_test(k: int, n: int) -> Verdict:
     """The proof; see the module docstring. Deterministic data (seeded by the shape), float32, the callers' layout.
 
     Sizes up to the canonical one are checked on the first canonical block's rows; larger ones on as many rows as
     they hold (all compared with canonical blocks), so a proof costs about five GEMMs of the largest block."""
     g = torch.Generator().manual_seed(_CFG["proof_seed"] + 7919 * k + n)
-    lead = () if kind == "mm" else (batch,)
-    a = torch.randn(*lead, max(BLOCK_ROWS), k, generator=g)
-    b = torch.randn(*lead, n, k, generator=g) * k ** -0.5
+    a = torch.randn(max(BLOCK_ROWS), k, generator=g)
+    b = torch.randn(n, k, generator=g) * k ** -0.5
 
     def blocks(x, r):
-        return run_blocks(x, b, [r] * (x.shape[-2] // r))
+        return run_blocks(x, b, [r] * (x.shape[0] // r))
 
     ref = blocks(a, CANONICAL)
-    head, head_ref = a[..., :CANONICAL, :], ref[..., :CANONICAL, :]
+    head, head_ref = a[:CANONICAL], ref[:CANONICAL]
     failure = _canonical_failure(head, head_ref, blocks)
     if failure:
         return Verdict((), False, failure)
@@ -193,26 +224,26 @@ def self_test(kind: str, batch: int, k: int, n: int) -> Verdict:
 
 def _size_agrees(a, ref, r, blocks) -> bool:
     rows = max(r, CANONICAL)
-    x, want = a[..., :rows, :], ref[..., :rows, :]
-    return _same_bits(blocks(x, r), want) and _same_bits(_alone(x, r, blocks), want[..., :1, :])
+    x, want = a[:rows], ref[:rows]
+    return _same_bits(blocks(x, r), want) and _same_bits(_alone(x, r, blocks), want[:1])
 
 
 def _canonical_failure(a, ref, blocks) -> str:
     if not _same_bits(blocks(a, CANONICAL), ref):
         return "two runs of the same block gave different bits"
     for s in _PROOF_SHIFTS:
-        if not _same_bits(blocks(a.roll(s, dims=-2), CANONICAL), ref.roll(s, dims=-2)):
+        if not _same_bits(blocks(a.roll(s, dims=0), CANONICAL), ref.roll(s, dims=0)):
             return f"a row's bits changed when moved {s} places within the {CANONICAL}-row block"
-    if not _same_bits(_alone(a, CANONICAL, blocks), ref[..., :1, :]):
+    if not _same_bits(_alone(a, CANONICAL, blocks), ref[:1]):
         return f"a row alone in a zero-padded {CANONICAL}-row block differs from the row among others"
     return ""
 
 
 def _alone(a, r, blocks):
     """Row 0 alone, zero padded to one r-row block (what a decode step of one sequence computes)."""
-    x = torch.zeros_like(a[..., :r, :])
-    x[..., :1, :] = a[..., :1, :]
-    return blocks(x, r)[..., :1, :]
+    x = torch.zeros_like(a[:r])
+    x[:1] = a[:1]
+    return blocks(x, r)[:1]
 
 
 def _thread_independent(a, ref, blocks) -> bool:
@@ -243,18 +274,20 @@ def known_answer() -> str:
 def prove_weights(weights) -> dict[str, str]:
     """Prove every distinct 2-D weight's linear shape now (load time), so a refusal comes before serving."""
     for shape in sorted({tuple(w.shape) for w in weights if w.dim() == 2 and w.device.type == "cpu"}):
-        verdict("mm", 1, shape[1], max(shape[0], MIN_N))
+        verdict(shape[1], max(shape[0], MIN_N))
     return verdicts()
 
 
 def verdicts() -> dict[str, str]:
-    """For the fingerprint: 'mm K=576 N=960 t2' -> the admitted block sizes and thread independence."""
+    """For the fingerprint: 'K=576 N=960 t2' -> the admitted block sizes and thread independence; 'bmm B=6 ...' -> the
+    block sizes one torch.bmm over that many entries may take."""
     out = {}
-    for (kind, batch, k, n, t), v in sorted(_VERDICTS.items()):
-        name = f"{kind}{'' if kind == 'mm' else f' B={batch}'} K={k} N={n} t{t}"
+    for (k, n, t), v in sorted(_VERDICTS.items()):
         if not v.rows:
-            out[name] = f"refused: {v.failure}"
+            out[f"K={k} N={n} t{t}"] = f"refused: {v.failure}"
         else:
-            out[name] = f"rows {','.join(map(str, v.rows))}; " + ("thread-independent" if v.thread_independent
-                                                                  else "pins the thread count")
+            out[f"K={k} N={n} t{t}"] = f"rows {','.join(map(str, v.rows))}; " + (
+                "thread-independent" if v.thread_independent else "pins the thread count")
+    for (batch, k, n, t), rows in sorted(_BATCHED.items()):
+        out[f"bmm B={batch} K={k} N={n} t{t}"] = f"rows {','.join(map(str, rows))}" if rows else "torch.mm per entry"
     return out
