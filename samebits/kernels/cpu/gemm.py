@@ -33,6 +33,7 @@ _CFG = TILE_CONFIGS["cpu_gemm"]["config"]
 BLOCK_ROWS: tuple[int, ...] = tuple(_CFG["block_rows"])
 CANONICAL = _CFG["canonical_rows"]
 MIN_N = _CFG["min_n"]
+_FAST_CNR = TILE_CONFIGS["cpu_mkl"]["config"]["cnr"]
 _PROOF_SHIFTS = (1, 5, CANONICAL // 2 + 3)
 _MANY_ROWS = 16  # below this many rows left, one padded block is cheaper than several exact ones
 
@@ -91,15 +92,15 @@ def _pin_threads(t: int, k: int, n: int) -> None:
         raise CpuRouteUnproven(
             f"samebits deterministic (cpu): MKL's bits for the GEMM K={k}, N={n} depend on the thread count "
             f"on this machine (MKL CNR {mkl.cnr_mode()}), and this process computed at {_PINNED_THREADS[0]} threads; "
-            f"now {t}. Keep the count fixed for the process's life, or start Python with MKL_CBWR=AVX2,STRICT "
+            f"now {t}. Keep the count fixed for the process's life, or start Python with MKL_CBWR={_FAST_CNR} "
             "(`eval \"$(samebits env --shell)\"`), which makes MKL's results independent of it.")
 
 
 def _refusal(k: int, n: int, why: str) -> str:
     return (f"samebits deterministic (cpu): no batch-invariant block of the GEMM K={k}, N={n} "
             f"on this machine: {why} (MKL CNR {mkl.cnr_mode()}, {current_threads()} threads). Start Python with "
-            "MKL_CBWR=AVX2,STRICT (`eval \"$(samebits env --shell)\"`) so MKL runs one reproducible code path, or use "
-            "mode='fast'; refusing to run batch-variant kernels in deterministic mode")
+            f"MKL_CBWR={_FAST_CNR} (`eval \"$(samebits env --shell)\"`) so MKL runs one reproducible code path, or "
+            "use mode='fast'; refusing to run batch-variant kernels in deterministic mode")
 
 
 def pick_rows(m: int, admitted: tuple[int, ...]) -> list[int]:
