@@ -71,6 +71,26 @@ def env(
     raise typer.Exit(1)
 
 
+def _runtime_for(mode: str):
+    """The deterministic fingerprint describes a process in the deployment template (MKL's mode among its fields), as
+    `serve` and `LLM` run it: enter the template first, before anything computes."""
+    import contextlib
+
+    if mode != "deterministic":
+        return contextlib.nullcontext()
+    from samebits.runtime import deterministic_runtime
+
+    return deterministic_runtime()
+
+
+def _locked_mode(path: Path) -> str:
+    try:
+        locked = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return "deterministic"  # verify_lock reports the unreadable file itself
+    return locked.get("mode", "deterministic") if isinstance(locked, dict) else "deterministic"
+
+
 @app.command("fingerprint")
 def fingerprint_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -80,7 +100,9 @@ def fingerprint_cmd(
     from samebits.runtime import fingerprint
 
     _check_mode(mode)
-    _print_json_or_table(fingerprint(mode), "samebits fingerprint", as_json)
+    with _runtime_for(mode):
+        fp = fingerprint(mode)
+    _print_json_or_table(fp, "samebits fingerprint", as_json)
 
 
 @app.command()
@@ -90,7 +112,8 @@ def lock(path: Path = typer.Argument(Path("samebits.lock")), mode: str = "determ
 
     _check_mode(mode)
     try:
-        fp = write_lock(path, mode)
+        with _runtime_for(mode):
+            fp = write_lock(path, mode)
     except OSError as e:
         fail(f"cannot write {path}: {e.strerror}")
     console.print(f"wrote {path} (hash {fp['hash']})")
@@ -105,7 +128,8 @@ def verify_lock_cmd(path: Path = typer.Argument(Path("samebits.lock")),
     if not path.is_file():
         fail(f"no lock file at {path}; write one with `samebits lock {path}`")
     try:
-        drift = verify_lock(path)
+        with _runtime_for(_locked_mode(path)):
+            drift = verify_lock(path)
     except OSError as e:
         fail(f"cannot read {path}: {e.strerror}")
     except ValueError as e:
