@@ -1,4 +1,4 @@
-"""Shared guards and helpers of the deterministic kernels: fail-loud checks, fixed-shape row blocks, lazy triton."""
+"""Shared guards and helpers of the deterministic kernels: fail-loud checks, shape arithmetic, lazy triton."""
 from __future__ import annotations
 
 import os
@@ -53,24 +53,6 @@ def next_pow2(n: int) -> int:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def in_row_blocks(fn, rows: int, *tensors):
-    """Apply fn to [rows, ...] blocks of 2-D tensors padded with zeros, so every vendor call has one shape.
-
-    fn returns one tensor or a tuple of tensors with `rows` leading rows; the padding rows are dropped.
-    """
-    m = tensors[0].shape[0]
-    padded = cdiv(max(m, 1), rows) * rows
-    bufs = []
-    for t in tensors:
-        buf = t.new_zeros((padded,) + tuple(t.shape[1:]))
-        buf[:m] = t
-        bufs.append(buf)
-    outs = [fn(*(b[i:i + rows] for b in bufs)) for i in range(0, padded, rows)]
-    if isinstance(outs[0], tuple):
-        return tuple(torch.cat(parts)[:m] for parts in zip(*outs))
-    return torch.cat(outs)[:m]
 
 
 def callable_as_public(module_name: str, fn_name: str) -> None:
