@@ -1,4 +1,5 @@
 import os
+import random
 
 import pytest
 
@@ -20,3 +21,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A fresh seed per test (SAMEBITS_TEST_SEED replays one); a failing test's report names it."""
+    value = int(os.environ.get("SAMEBITS_TEST_SEED", "0")) or random.SystemRandom().randrange(1, 2**31)
+    request.node.user_properties.append(("seed", value))
+    return value
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    seeds = [v for k, v in item.user_properties if k == "seed"]
+    if report.failed and seeds:
+        report.sections.append(("seed", f"replay with SAMEBITS_TEST_SEED={seeds[0]}"))
