@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from samebits.diagnostics.roofline import Shape, roofline
 from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams
@@ -147,6 +148,13 @@ def engine_batch64(loaded, shape: dict, out_len: int) -> float:
     return stats["output_tok_per_s"]
 
 
+def workload_bound(shape: dict, prompts, max_tokens, dtype):
+    dims = {k: shape[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                                  "num_kv_heads", "head_dim")}
+    return roofline(Shape(**dims, dtype_bytes=torch.empty((), dtype=dtype).element_size()),
+                    [len(p) for p in prompts], max_tokens, max_num_seqs=256)
+
+
 def weights_floor_ms(loaded) -> float:
     nbytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     return 1e3 * nbytes / 4.0e12  # measured copy bandwidth on this H200 is ~4 TB/s (KINDS.md / METHOD.md)
@@ -174,6 +182,9 @@ def main() -> None:
     prompts, max_tokens = workload(args.requests, 0, (128, 1024), out_range, shape["vocab_size"])
     picks = list(range(0, args.requests, max(1, args.requests // 8)))[:8]
     report = {"shape": args.shape, "requests": args.requests, "cuda_graphs": GRAPHS, "modes": {}}
+    bound = workload_bound(shape, prompts, max_tokens, dtype)
+    report["roofline"] = {"prefill_s": bound.prefill_s, "decode_s": bound.decode_s, "total_s": bound.total_s,
+                          "decode_steps": bound.decode_steps}
     for mode, policy in [("fast", "dynamic"), ("deterministic", "dynamic"), ("fast", "bucketed")]:
         with deterministic_runtime() if mode == "deterministic" else contextlib.nullcontext():
             engine = make_engine(loaded, mode, policy, kv_tokens=None if DEVICE == "cuda" else 65536)
@@ -182,6 +193,7 @@ def main() -> None:
             stats["alone_vs_loaded_mismatches"] = invariance(engine, prompts, outs, picks, 16)
             stats["checked"] = len(picks)
             stats["batch1_decode_ms"] = decode_step_ms(engine)
+            stats["of_roofline"] = bound.total_s / stats["seconds"]
         report["modes"][f"{mode}/{policy}"] = stats
         print(mode, policy, json.dumps(stats), flush=True)
         (args.out / "e2e.json").write_text(json.dumps(report, indent=2))  # partial results survive a timeout
@@ -209,13 +221,16 @@ def print_table(report: dict) -> None:
     from rich.table import Table
 
     t = Table(title=f"e2e {report['shape']}, {report['requests']} requests")
-    for c in ("mode", "tok/s", "TTFT s", "ITL ms", "b1 decode ms", "alone≠loaded"):
+    for c in ("mode", "tok/s", "of roofline", "TTFT s", "ITL ms", "b1 decode ms", "alone≠loaded"):
         t.add_column(c)
     for name, s in report["modes"].items():
-        t.add_row(name, f"{s['output_tok_per_s']:.0f}", f"{s['ttft_mean_s']:.2f}", f"{s['itl_mean_ms']:.1f}",
+        t.add_row(name, f"{s['output_tok_per_s']:.0f}", f"{s['of_roofline']:.2f}", f"{s['ttft_mean_s']:.2f}",
+                  f"{s['itl_mean_ms']:.1f}",
                   f"{s['batch1_decode_ms']:.2f}", f"{s['alone_vs_loaded_mismatches']}/{s['checked']}")
     Console().print(t)
-    print(f"weights floor {report['weights_floor_ms']:.2f} ms; deterministic tax {report['deterministic_tax']:.1%}; "
+    print(f"roofline {report['roofline']['total_s']:.2f} s (prefill {report['roofline']['prefill_s']:.2f}, decode "
+          f"{report['roofline']['decode_s']:.2f}); weights floor {report['weights_floor_ms']:.2f} ms; "
+          f"deterministic tax {report['deterministic_tax']:.1%}; "
           f"engine b64 {report['engine_b64_tok_per_s']:.0f} tok/s; "
           f"HF generate b64 {report.get('hf_generate_b64_tok_per_s', float('nan')):.0f} tok/s")
 
