@@ -1,0 +1,131 @@
+"""Where a decode step's time goes (GPU): wall time per step vs GPU-busy time, per batch size and mode.
+
+Host exposure = 1 - busy / wall: the share of a step the GPU waits for Python. Decode steps of an 8B-shaped random
+model after a 512-token prefill, CUDA graphs on. Writes steps.json and steps.png to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import time
+from pathlib import Path
+
+import e2e  # benchmarks/ is on the path when run as a script
+import torch
+
+from samebits.engine.sampling_params import SamplingParams
+from samebits.kernels import get_ops
+from samebits.models.config import ModelConfig
+from samebits.models.loader import LoadedModel
+from samebits.models.testing import random_model
+from samebits.runtime import deterministic_runtime
+
+
+def fill(engine, batch: int, prompt_len: int, vocab: int) -> None:
+    """`batch` requests past their prefill, so every later step is a pure decode step of `batch` rows."""
+    rng = random.Random(batch)
+    for i in range(batch):
+        engine.add_request(f"{batch}-{i}", [rng.randrange(vocab) for _ in range(prompt_len)],
+                           SamplingParams(temperature=0.8, seed=i, max_tokens=2048, ignore_eos=True))
+    started: set[str] = set()
+    while len(started) < batch:
+        started.update(o.request_id for o in engine.step() if o.outputs[0].token_ids)
+    for _ in range(3):
+        engine.step()
+
+
+def wall_ms(engine, steps: int) -> float:
+    e2e.sync()
+    t = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    e2e.sync()
+    return 1e3 * (time.perf_counter() - t) / steps
+
+
+def busy_ms(engine, steps: int) -> tuple[float, list]:
+    """GPU time per step, the kernels' own time summed (the profiler's self device time), and the top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        e2e.sync()
+    events = prof.key_averages()
+    total = sum(e.self_device_time_total for e in events) / steps / 1e3
+    top = sorted(((e.key[:60], e.self_device_time_total / steps / 1e3) for e in events), key=lambda x: -x[1])[:6]
+    return total, top
+
+
+def measure(loaded, mode: str, batches, prompt_len: int, steps: int) -> list[dict]:
+    rows = []
+    with deterministic_runtime() if mode == "deterministic" else contextlib.nullcontext():
+        engine = e2e.make_engine(loaded, mode, "dynamic")
+        for batch in batches:
+            fill(engine, batch, prompt_len, loaded.config.vocab_size)
+            wall = wall_ms(engine, steps)
+            busy, top = busy_ms(engine, min(steps, 8))
+            rows.append({"mode": mode, "batch": batch, "wall_ms": wall, "gpu_busy_ms": busy,
+                         "host_exposed": 1 - busy / wall, "top_kernels_ms": top})
+            print(json.dumps(rows[-1]), flush=True)
+            for i in range(batch):
+                engine.abort_request(f"{batch}-{i}")
+        del engine
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--shape", default="8b", choices=sorted(e2e.SHAPES))
+    ap.add_argument("--batches", default="1,64,256")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=30)
+    args = ap.parse_args()
+    e2e.DEVICE = "cuda"
+    args.out.mkdir(parents=True, exist_ok=True)
+    config = ModelConfig(**e2e.SHAPES[args.shape])
+    model = random_model(config, get_ops("fast", "cuda"), torch.bfloat16, seed=0)
+    loaded = LoadedModel(model, e2e.NullTokenizer(), config, f"random-{args.shape}", Path("."))
+    batches = [int(b) for b in args.batches.split(",")]
+    rows = [r for mode in ("deterministic", "fast") for r in measure(loaded, mode, batches, args.prompt_len, args.steps)]
+    (args.out / "steps.json").write_text(json.dumps({"shape": args.shape, "rows": rows}, indent=2))
+    print_table(rows)
+    plot(rows, args.out / "steps.png")
+
+
+def print_table(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="decode step: wall vs GPU busy")
+    for c in ("mode", "batch", "wall ms", "GPU busy ms", "host exposed", "top kernel"):
+        t.add_column(c)
+    for r in rows:
+        name, ms = r["top_kernels_ms"][0] if r["top_kernels_ms"] else ("-", 0.0)
+        t.add_row(r["mode"], str(r["batch"]), f"{r['wall_ms']:.2f}", f"{r['gpu_busy_ms']:.2f}",
+                  f"{r['host_exposed']:.0%}", f"{name[:40]} {ms:.2f}")
+    Console().print(t)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    labels = [f"{r['mode'][:4]} b{r['batch']}" for r in rows]
+    ax.bar(labels, [r["wall_ms"] for r in rows], label="wall")
+    ax.bar(labels, [r["gpu_busy_ms"] for r in rows], label="GPU busy")
+    ax.set_ylabel("ms per decode step")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
