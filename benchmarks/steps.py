@@ -45,6 +45,23 @@ def wall_ms(engine, steps: int) -> float:
     return 1e3 * (time.perf_counter() - t) / steps
 
 
+def host_hotspots(engine, steps: int, top: int = 15) -> list:
+    """The host functions a step spends its own time in (cProfile tottime, ms per step): where the GPU waits."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        engine.step()
+    e2e.sync()
+    prof.disable()
+    stats = pstats.Stats(prof).stats
+    rows = sorted(((f"{Path(f).name}:{line}({fn})", v[2] / steps * 1e3) for (f, line, fn), v in stats.items()),
+                  key=lambda x: -x[1])
+    return rows[:top]
+
+
 def busy_ms(engine, steps: int) -> tuple[float, list]:
     """GPU time per step, the kernels' own time summed (the profiler's self device time), and the top kernels."""
     from torch.profiler import ProfilerActivity, profile
@@ -68,7 +85,8 @@ def measure(loaded, mode: str, batches, prompt_len: int, steps: int) -> list[dic
             wall = wall_ms(engine, steps)
             busy, top = busy_ms(engine, min(steps, 8))
             rows.append({"mode": mode, "batch": batch, "wall_ms": wall, "gpu_busy_ms": busy,
-                         "host_exposed": 1 - busy / wall, "top_kernels_ms": top})
+                         "host_exposed": 1 - busy / wall, "top_kernels_ms": top,
+                         "host_tottime_ms": host_hotspots(engine, min(steps, 8))})
             print(json.dumps(rows[-1]), flush=True)
             for i in range(batch):
                 engine.abort_request(f"{batch}-{i}")
