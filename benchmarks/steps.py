@@ -66,13 +66,15 @@ def busy_ms(engine, steps: int) -> tuple[float, list]:
     """GPU time per step, the kernels' own time summed (the profiler's self device time), and the top kernels."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    cuda = e2e.DEVICE == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             engine.step()
         e2e.sync()
     events = prof.key_averages()
-    total = sum(e.self_device_time_total for e in events) / steps / 1e3
-    top = sorted(((e.key[:60], e.self_device_time_total / steps / 1e3) for e in events), key=lambda x: -x[1])[:6]
+    own = [(e.key[:60], (e.self_device_time_total if cuda else e.self_cpu_time_total) / steps / 1e3) for e in events]
+    total = sum(ms for _, ms in own)
+    top = sorted(own, key=lambda x: -x[1])[:6]
     return total, top
 
 
@@ -91,7 +93,8 @@ def measure(loaded, mode: str, batches, prompt_len: int, steps: int) -> list[dic
             for i in range(batch):
                 engine.abort_request(f"{batch}-{i}")
         del engine
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -102,11 +105,13 @@ def main() -> None:
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--device", default="cuda", help="cpu only for a smoke run with --shape tiny")
     args = ap.parse_args()
-    e2e.DEVICE = "cuda"
+    e2e.DEVICE = args.device
     args.out.mkdir(parents=True, exist_ok=True)
     config = ModelConfig(**e2e.SHAPES[args.shape])
-    model = random_model(config, get_ops("fast", "cuda"), torch.bfloat16, seed=0)
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    model = random_model(config, get_ops("fast", args.device), dtype, seed=0)
     loaded = LoadedModel(model, e2e.NullTokenizer(), config, f"random-{args.shape}", Path("."))
     batches = [int(b) for b in args.batches.split(",")]
     rows = [r for mode in ("deterministic", "fast") for r in measure(loaded, mode, batches, args.prompt_len, args.steps)]
