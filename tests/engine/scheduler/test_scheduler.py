@@ -355,8 +355,8 @@ def test_every_configurable_policy_has_one_module():
 
 
 @pytest.mark.parametrize("policy", ["dynamic", "bucketed"])
-def test_random_soak_with_aborts_and_finishes(policy):
-    rng = random.Random({"dynamic": 11, "bucketed": 12}[policy])
+def test_random_soak_with_aborts_and_finishes(policy, seed):
+    rng = random.Random(f"{policy}-{seed}")
     sched = make(num_blocks=20, block_size=4, max_model_len=60, max_num_seqs=8, max_num_batched_tokens=24,
                  policy=policy)
     runner = sched.__dict__.setdefault("_fake_runner", FakeRunner(sched))
