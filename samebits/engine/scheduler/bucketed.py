@@ -11,14 +11,10 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-from samebits.engine.scheduler.policies import Plan
-from samebits.engine.sequence import SequenceStatus
-
-if TYPE_CHECKING:
-    from samebits.engine.scheduler.scheduler import ScheduledSeq, Scheduler
-    from samebits.engine.sequence import Sequence
+from samebits.engine.scheduler.batch import ScheduledSeq
+from samebits.engine.scheduler.policies import Plan, Planner
+from samebits.engine.sequence import Sequence, SequenceStatus
 
 
 def doubling(first: int) -> Iterable[int]:
@@ -63,7 +59,7 @@ class BucketedPolicy:
             raise ValueError(f"max_num_batched_tokens must be >= the largest batch bucket {bb[-1]} under "
                              f"policy='bucketed', got {max_num_batched_tokens}")
 
-    def plan(self, sched: Scheduler, preempted: list[Sequence]) -> Plan:
+    def plan(self, sched: Planner, preempted: list[Sequence]) -> Plan:
         """The kind is the step's shape family, so a 1-token prompt admitted in a prefill step is a padded prefill."""
         has_decode = any(s.num_uncomputed == 1 for s in sched.running)
         decode_first = has_decode and self._last_kind == "prefill"  # alternate so neither kind starves
@@ -75,7 +71,7 @@ class BucketedPolicy:
         self._last_kind = plan.kind
         return plan
 
-    def _prefill(self, sched: Scheduler, preempted: list[Sequence]) -> Plan:
+    def _prefill(self, sched: Planner, preempted: list[Sequence]) -> Plan:
         longest = self.length_buckets[-1]
         seq = next((s for s in sched.running if s.in_prefill), None)
         if seq is not None:
@@ -87,7 +83,7 @@ class BucketedPolicy:
         pad = bucket_for(item.num_new_tokens, self.length_buckets) - item.num_new_tokens
         return Plan([item], "prefill", (pad,) if pad else ())
 
-    def _decode(self, sched: Scheduler, preempted: list[Sequence]) -> Plan:
+    def _decode(self, sched: Planner, preempted: list[Sequence]) -> Plan:
         scheduled: list[ScheduledSeq] = []
         for seq in list(sched.running):
             if len(scheduled) == self.batch_buckets[-1]:

@@ -5,11 +5,20 @@ every piece of state (queues, blocks, preemption). "bucketed" lives in bucketed.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
-if TYPE_CHECKING:
-    from samebits.engine.scheduler.scheduler import ScheduledSeq, Scheduler
-    from samebits.engine.sequence import Sequence
+from samebits.engine.scheduler.batch import ScheduledSeq
+from samebits.engine.sequence import Sequence
+
+
+class Planner(Protocol):
+    """What a policy may use of the scheduler (Scheduler implements it)."""
+
+    running: list[Sequence]
+
+    def grow(self, seq: Sequence, n: int, preempted: list[Sequence]) -> ScheduledSeq | None: ...
+
+    def admit(self, budget: int, max_chunk: int | None = None) -> ScheduledSeq | None: ...
 
 
 class Plan(NamedTuple):
@@ -37,7 +46,7 @@ class DynamicPolicy:
     def __init__(self, max_num_seqs: int, max_num_batched_tokens: int):
         self.budget = max_num_batched_tokens
 
-    def plan(self, sched: Scheduler, preempted: list[Sequence]) -> Plan:
+    def plan(self, sched: Planner, preempted: list[Sequence]) -> Plan:
         budget, scheduled = self.budget, []
         for seq in list(sched.running):
             if budget == 0:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 from samebits.arith import cdiv
 from samebits.engine.config import POLICIES
 from samebits.engine.sampling_params import SamplingParams
+from samebits.engine.scheduler.batch import ScheduledSeq, SchedulerOutput
 from samebits.engine.scheduler.block_manager import BlockManager, require
 from samebits.engine.scheduler.bucketed import BucketedPolicy
 from samebits.engine.scheduler.policies import DynamicPolicy
@@ -37,48 +37,6 @@ def make_policy(name: str, max_num_seqs: int, max_num_batched_tokens: int, **opt
     if name not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {name!r}")
     return _POLICY_TYPES[name](max_num_seqs, max_num_batched_tokens, **options)
-
-
-@dataclass
-class ScheduledSeq:
-    seq: Sequence
-    num_new_tokens: int
-    # True when this chunk ends at the sequence's last token, so its last row's logits give the next token.
-    sample: bool
-    # seq.num_computed_tokens at schedule time: new token i sits at position start + i.
-    start: int
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.seq.token_ids[self.start:self.start + self.num_new_tokens]
-
-    @property
-    def context_len(self) -> int:
-        return self.start + self.num_new_tokens
-
-    @property
-    def is_decode(self) -> bool:
-        return self.num_new_tokens == 1 and self.sample
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    kind: str = "empty"  # "empty" | "prefill" | "decode" | "mixed"
-    # Token counts of dummy sequences the runner appends after the real ones (the bucketed policy's fixed shapes).
-    padding: tuple[int, ...] = ()
-    num_running: int = 0
-    num_waiting: int = 0
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
-    def num_padded_tokens(self) -> int:
-        """Total rows of the step's flattened token batch, padding included."""
-        return self.num_batched_tokens + sum(self.padding)
 
 
 class Scheduler:
