@@ -298,7 +298,8 @@ def test_bucketed_shapes():
     def check(step, out):
         kinds.append(out.kind)
         if out.kind == "prefill":
-            assert len(out.scheduled) == 1 and len(out.padding) <= 1 and out.num_padded_tokens in sched.policy.length_buckets
+            assert len(out.scheduled) == 1 and len(out.padding) <= 1
+            assert out.num_padded_tokens in sched.policy.length_buckets
         else:
             assert out.kind == "decode" and len(out.scheduled) + len(out.padding) in sched.policy.batch_buckets
             assert all(x.num_new_tokens == 1 for x in out.scheduled) and set(out.padding) <= {1}
