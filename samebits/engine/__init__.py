@@ -12,9 +12,12 @@ _LAZY = {
     "Scheduler": "samebits.engine.scheduler",
     "SchedulerOutput": "samebits.engine.scheduler",
     "ScheduledSeq": "samebits.engine.scheduler",
-    "BlockManager": "samebits.engine.block_manager",
+    "QueueFull": "samebits.engine.scheduler",
+    "BlockManager": "samebits.engine.scheduler",
+    "OutputProcessor": "samebits.engine.output_processor",
     "Sequence": "samebits.engine.sequence",
     "SequenceStatus": "samebits.engine.sequence",
+    "Finish": "samebits.engine.sequence",
 }
 
 __all__ = list(_LAZY)

@@ -19,14 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from samebits.engine.outputs import EngineStats
+from samebits.engine.scheduler import QueueFull
 
-
-class QueueFull(Exception):
-    """The bounded waiting queue is full; the request was not admitted."""
-
-    def __init__(self, limit: int):
-        super().__init__(f"the waiting queue is full ({limit} requests)")
-        self.limit = limit
+__all__ = ["AsyncEngine", "EngineDead", "QueueFull"]
 
 
 class EngineDead(RuntimeError):
@@ -284,7 +279,6 @@ class AsyncEngine:
 
     def _refresh_stats(self) -> None:
         self.stats = self.engine.stats()
-        self.stats_time = time.monotonic()
 
     def _post(self, fn, *args) -> None:
         loop = self._loop

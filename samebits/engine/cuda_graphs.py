@@ -8,22 +8,23 @@ context length, and the split-KV merge gives the same bits as the in-program fol
 """
 from __future__ import annotations
 
-import bisect
-
 import torch
 
+from samebits.arith import cdiv, kv_slot
+from samebits.engine.scheduler.bucketed import bucket_for, capped_ladder
 from samebits.kernels.attention import AttentionMetadata
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+# Captured batch sizes (then max_num_seqs): denser than doubling above 32, where a padded row costs the most.
+CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
 
 class DecodeGraphs:
     def __init__(self, model, kv_caches, block_size: int, scratch_block: int, max_model_len: int, max_num_seqs: int):
         self.model, self.kv_caches = model, kv_caches
         self.block_size, self.scratch_block, self.max_model_len = block_size, scratch_block, max_model_len
-        self.buckets = tuple(b for b in BUCKETS if b < max_num_seqs) + (max_num_seqs,)
+        self.buckets = capped_ladder(CAPTURE_SIZES, max_num_seqs)
         dev, n = model.device, self.buckets[-1]
-        self.width = -(-max_model_len // block_size)
+        self.width = cdiv(max_model_len, block_size)
         self.ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
         self.cu = torch.arange(n + 1, dtype=torch.int32, device=dev)
@@ -35,11 +36,12 @@ class DecodeGraphs:
 
     def accepts(self, output) -> bool:
         s = output.scheduled
-        return (bool(s) and output.batch_pad_to <= len(s) and len(s) <= self.buckets[-1]
+        # A step the policy padded runs eagerly, as its fixed shape was chosen for the eager kernels.
+        return (bool(s) and not output.padding and len(s) <= self.buckets[-1]
                 and all(x.num_new_tokens == 1 and x.start + 1 <= self.max_model_len for x in s))
 
     def bucket(self, n: int) -> int:
-        return self.buckets[bisect.bisect_left(self.buckets, n)]
+        return bucket_for(n, self.buckets)
 
     def meta(self, bs: int) -> AttentionMetadata:
         return AttentionMetadata(self.cu[:bs + 1], self.ctx[:bs], self.tables[:bs], self.slots[:bs],
@@ -57,8 +59,8 @@ class DecodeGraphs:
     def _row(self, s) -> list[int]:
         """[token, position, context length, KV slot, block table padded with the scratch block]."""
         table, p = s.seq.block_table, s.start
-        slot = table[p // self.block_size] * self.block_size + p % self.block_size
-        return [s.token_ids[0], p, p + 1, slot] + table + [self.scratch_block] * (self.width - len(table))
+        padded = table + [self.scratch_block] * (self.width - len(table))
+        return [s.token_ids[0], p, p + 1, kv_slot(table, p, self.block_size)] + padded
 
     def _eager(self, bs: int) -> torch.Tensor:
         return self.model.forward(self.ids[:bs], self.positions[:bs], self.kv_caches, self.meta(bs))

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
+from samebits.arith import cdiv
 from samebits.engine.config import EngineConfig
-from samebits.engine.sampler import Sampler
+from samebits.engine.outputs import StepResult
+from samebits.engine.sampler import Sampler, SamplerOutput, SamplingBatch
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.kv_cache import allocate_kv_cache
 
@@ -18,10 +20,24 @@ GPU_KV_MEMORY_FRACTION = 0.80
 
 
 @dataclass
-class StepResult:
-    token_id: int
-    logprob: float
-    top_logprobs: dict[int, float]
+class SampledStep:
+    """One step's draws, still on the device. `to_host` is the step's one device-to-host read, kept apart so that a
+    caller can prepare the next step before paying for it."""
+
+    seqs: list  # the sampled sequences, in row order
+    out: SamplerOutput | None
+
+    def to_host(self) -> dict[int, StepResult]:
+        """StepResult per sampled sequence, by seq_id; top-logprobs cut to each sequence's own count."""
+        if self.out is None:
+            return {}
+        tokens, lps = self.out.token_ids.tolist(), self.out.logprobs.cpu()
+        ids, vals = self.out.top_logprob_ids.tolist(), self.out.top_logprobs.cpu()
+        results = {}
+        for i, s in enumerate(self.seqs):
+            top = {ids[i][j]: float(vals[i, j]) for j in range(s.params.logprobs or 0)}
+            results[s.seq_id] = StepResult(tokens[i], float(lps[i]), top)
+        return results
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -90,12 +106,7 @@ class ModelRunner:
         if self.graphs is not None:  # captured graphs hold the old kernels
             self.enable_cuda_graphs(self.graphs.max_model_len)
 
-    def _pad_rows(self, scheduled, batch_pad_to: int) -> list[int]:
-        """Token counts of the dummy sequences bucketed padding adds: one per padded prefill, 1-token decode rows."""
-        pads = [s.pad_to - s.num_new_tokens for s in scheduled if s.pad_to > s.num_new_tokens]
-        return pads + [1] * max(0, batch_pad_to - len(scheduled))
-
-    def _flatten(self, scheduled, pads: list[int]):
+    def _flatten(self, scheduled, padding: tuple[int, ...]):
         ids, pos, q_lens, ctx_lens, tables = [], [], [], [], []
         for s in scheduled:
             ids += s.token_ids
@@ -103,38 +114,38 @@ class ModelRunner:
             q_lens.append(s.num_new_tokens)
             ctx_lens.append(s.context_len)
             tables.append(s.seq.block_table)
-        for k in pads:
+        for k in padding:
             # A dummy sees only itself; its rows wrap onto the one scratch block, whose contents nobody reads.
             ids += [0] * k
             pos += range(k)
             q_lens.append(k)
             ctx_lens.append(k)
-            tables.append([self.scratch_block] * -(-k // self.block_size))
+            tables.append([self.scratch_block] * cdiv(k, self.block_size))
         return ids, pos, q_lens, ctx_lens, tables
 
     @torch.inference_mode()
-    def forward(self, scheduled, batch_pad_to: int = 0) -> torch.Tensor:
-        """Hidden states [T, H] of every scheduled token in schedule order, then any padding rows."""
-        ids, pos, q_lens, ctx_lens, tables = self._flatten(scheduled, self._pad_rows(scheduled, batch_pad_to))
+    def forward(self, scheduled, padding: tuple[int, ...] = ()) -> torch.Tensor:
+        """Hidden states [T, H] of every scheduled token in schedule order, then the padding dummies' rows."""
+        ids, pos, q_lens, ctx_lens, tables = self._flatten(scheduled, padding)
         meta = AttentionMetadata.build(q_lens, ctx_lens, tables, self.block_size, self.device)
         input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
         positions = torch.tensor(pos, dtype=torch.int64, device=self.device)
         return self.model.forward(input_ids, positions, self.kv_caches, meta)
 
     @torch.inference_mode()
-    def execute(self, output) -> dict[int, StepResult]:
-        """Run one scheduled step; results for the sequences whose chunk reaches their last token, by seq_id."""
+    def execute(self, output) -> SampledStep:
+        """Run one scheduled step and sample the sequences whose chunk reaches their last token."""
         scheduled = output.scheduled
         if not scheduled:
-            return {}
+            return SampledStep([], None)
         hidden = self._graph_forward(output) if self.graphs is not None and self.graphs.accepts(output) else None
         if hidden is None:
-            hidden = self.forward(scheduled, output.batch_pad_to)
+            hidden = self.forward(scheduled, output.padding)
         # The last row of each chunk that ends its sequence; known on the host, so one small copy, no device scan.
         ends = list(itertools.accumulate(s.num_new_tokens for s in scheduled))
         sampling = [i for i, s in enumerate(scheduled) if s.sample]
         if not sampling:
-            return {}
+            return SampledStep([], None)
         rows = torch.tensor([ends[i] - 1 for i in sampling], device=self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))
         return self._sample(logits, [scheduled[i].seq for i in sampling])
@@ -147,24 +158,10 @@ class ModelRunner:
             self.graphs = None
             return None
 
-    def _sample(self, logits: torch.Tensor, seqs) -> dict[int, StepResult]:
-        p = [s.params for s in seqs]
-        k = max((x.logprobs or 0) for x in p)
-        out = self.sampler(logits, [x.temperature for x in p], [x.top_k for x in p], [x.top_p for x in p],
-                           [x.min_p for x in p], [s.seed for s in seqs], [s.sample_index for s in seqs],
-                           [s.num_tokens for s in seqs], num_top_logprobs=k)
-        return self._results(out, seqs)
-
-    @staticmethod
-    def _results(out, seqs) -> dict[int, StepResult]:
-        tokens, lps = out.token_ids.tolist(), out.logprobs.cpu()
-        ids, vals = out.top_logprob_ids.tolist(), out.top_logprobs.cpu()
-        results = {}
-        for i, s in enumerate(seqs):
-            k = s.params.logprobs or 0
-            top = {ids[i][j]: float(vals[i, j]) for j in range(k)}
-            results[s.seq_id] = StepResult(tokens[i], float(lps[i]), top)
-        return results
+    def _sample(self, logits: torch.Tensor, seqs) -> SampledStep:
+        batch = SamplingBatch.of([s.params for s in seqs], [s.seed for s in seqs], [s.sample_index for s in seqs],
+                                 [s.num_tokens for s in seqs])
+        return SampledStep(seqs, self.sampler(logits, batch))
 
     @torch.inference_mode()
     def score_rows(self, item, skip: int, targets: list[int]) -> list[float]:

@@ -5,6 +5,15 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class StepResult:
+    """What one step drew for one sequence, read back to the host."""
+
+    token_id: int
+    logprob: float
+    top_logprobs: dict[int, float]
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str

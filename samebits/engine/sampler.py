@@ -37,42 +37,48 @@ class SamplerOutput:
 
 
 @dataclass(frozen=True)
-class _Params:
-    """One batch's per-row parameters, validated on the host so no device sync is needed to pick code paths."""
+class SamplingBatch:
+    """One batch's per-row sampling inputs, on the host, so no device sync is needed to pick code paths.
+
+    The values are SamplingParams' (validated there, once): build it with `of`. top_k <= 0, top_p = 1 and min_p = 0
+    switch a stage off. The position is that of the token being sampled, so a recomputed or replayed step draws the
+    same uniforms; seeds are 64-bit, sample indices and positions 32-bit counters.
+    """
 
     temperature: list[float]
     top_k: list[int]
     top_p: list[float]
     min_p: list[float]
+    seeds: list[int]
+    sample_indices: list[int]
+    positions: list[int]
+    num_top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        n = len(self.temperature)
+        for name in ("top_k", "top_p", "min_p", "seeds", "sample_indices", "positions"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries for {n} rows")
 
     @classmethod
-    def of(cls, n: int, temperature, top_k, top_p, min_p) -> _Params:
-        p = cls(_floats(temperature, n, "temperature"), [int(k) for k in _list(top_k, n, "top_k")],
-                _floats(top_p, n, "top_p"), _floats(min_p, n, "min_p"))
-        for i in range(n):
-            if not p.temperature[i] >= 0.0:
-                raise ValueError(f"temperature must be >= 0, got {p.temperature[i]} in row {i}")
-            if not 0.0 < p.top_p[i] <= 1.0:
-                raise ValueError(f"top_p must be in (0, 1], got {p.top_p[i]} in row {i}")
-            if not 0.0 <= p.min_p[i] <= 1.0:
-                raise ValueError(f"min_p must be in [0, 1], got {p.min_p[i]} in row {i}")
-            if p.top_k[i] < -1:
-                raise ValueError(f"top_k must be -1, 0 (off) or >= 1, got {p.top_k[i]} in row {i}")
-        return p
+    def of(cls, params, seeds, sample_indices, positions) -> SamplingBatch:
+        """From one SamplingParams per row; top-logprobs for the largest count any row asked for."""
+        return cls([p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params],
+                   [p.min_p for p in params], list(seeds), list(sample_indices), list(positions),
+                   max((p.logprobs or 0 for p in params), default=0))
+
+    def __len__(self) -> int:
+        return len(self.temperature)
 
     def greedy(self) -> list[bool]:
         return [t < GREEDY_TEMPERATURE for t in self.temperature]
 
+    def select(self, rows: list[int]) -> SamplingBatch:
+        def pick(values: list) -> list:
+            return [values[i] for i in rows]
 
-def _list(values, n: int, name: str) -> list:
-    out = values.tolist() if isinstance(values, torch.Tensor) else list(values)
-    if len(out) != n:
-        raise ValueError(f"{name} has {len(out)} entries for {n} rows")
-    return out
-
-
-def _floats(values, n: int, name: str) -> list[float]:
-    return [float(v) for v in _list(values, n, name)]
+        return SamplingBatch(pick(self.temperature), pick(self.top_k), pick(self.top_p), pick(self.min_p),
+                             pick(self.seeds), pick(self.sample_indices), pick(self.positions), self.num_top_logprobs)
 
 
 def inclusive_prefix_sum(x: torch.Tensor) -> torch.Tensor:
@@ -156,44 +162,34 @@ def _top_logprobs(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     return ids[:, :k], values[:, :k]
 
 
-def _select(values, rows: list[int]) -> list:
-    return [values[i] for i in rows]
-
-
 @torch.no_grad()
-def sample(logits: torch.Tensor, temperature, top_k, top_p, min_p, seeds, sample_indices, positions,
-           num_top_logprobs: int = 0, *, ops) -> SamplerOutput:
-    """Sample one token per row of `logits` [B, V] float32.
+def sample(logits: torch.Tensor, batch: SamplingBatch, *, ops) -> SamplerOutput:
+    """Sample one token per row of `logits` [B, V] float32 under `batch`'s row B parameters.
 
-    Per-row parameters are sequences (or host tensors) of length B. temperature < 1e-5 is greedy (argmax of the raw
-    logits, ties to the lowest id). Seeds are 64-bit; sample_indices and positions are 32-bit counters: the position
-    should be that of the token being sampled, so a recomputed or replayed step draws the same uniforms.
+    temperature < 1e-5 is greedy (argmax of the raw logits, ties to the lowest id).
     `ops` supplies the batch-invariant `softmax` and `log_softmax` (samebits.kernels.get_ops).
     """
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be [B, V] float32, got {tuple(logits.shape)} {logits.dtype}")
-    n = logits.shape[0]
-    params = _Params.of(n, temperature, top_k, top_p, min_p)
-    seeds, sample_indices, positions = (_list(seeds, n, "seeds"), _list(sample_indices, n, "sample_indices"),
-                                        _list(positions, n, "positions"))
-    greedy = params.greedy()
+    if len(batch) != logits.shape[0]:
+        raise ValueError(f"the sampling batch has {len(batch)} rows for {logits.shape[0]} rows of logits")
+    greedy = batch.greedy()
     tokens = logits.argmax(dim=-1)
-    rows = [i for i in range(n) if not greedy[i]]
+    rows = [i for i in range(len(batch)) if not greedy[i]]
     if rows:
-        tokens = tokens.index_copy(0, torch.tensor(rows, device=logits.device), _sample_rows(
-            logits, rows, params, _select(seeds, rows), _select(sample_indices, rows), _select(positions, rows), ops))
+        tokens = tokens.index_copy(0, torch.tensor(rows, device=logits.device),
+                                   _sample_rows(logits, rows, batch.select(rows), ops))
     logprobs = ops.log_softmax(logits, dim=-1)
-    ids, values = _top_logprobs(logprobs, num_top_logprobs)
+    ids, values = _top_logprobs(logprobs, batch.num_top_logprobs)
     return SamplerOutput(tokens, logprobs.gather(1, tokens[:, None])[:, 0], ids, values)
 
 
-def _sample_rows(logits, rows: list[int], params: _Params, seeds, sample_indices, positions, ops) -> torch.Tensor:
+def _sample_rows(logits, rows: list[int], sub: SamplingBatch, ops) -> torch.Tensor:
     """The random path for the non-greedy `rows`; a row's result does not depend on which other rows are here."""
-    sub = logits.index_select(0, torch.tensor(rows, device=logits.device))
-    t = torch.tensor(_select(params.temperature, rows), dtype=torch.float32, device=logits.device)[:, None]
-    filtered = filter_logits(sub / t, _select(params.top_k, rows), _select(params.top_p, rows),
-                             _select(params.min_p, rows), ops)
-    return _race(filtered, seeds, sample_indices, positions)
+    picked = logits.index_select(0, torch.tensor(rows, device=logits.device))
+    t = torch.tensor(sub.temperature, dtype=torch.float32, device=logits.device)[:, None]
+    filtered = filter_logits(picked / t, sub.top_k, sub.top_p, sub.min_p, ops)
+    return _race(filtered, sub.seeds, sub.sample_indices, sub.positions)
 
 
 class Sampler:
@@ -202,7 +198,5 @@ class Sampler:
     def __init__(self, ops):
         self.ops = ops
 
-    def __call__(self, logits: torch.Tensor, temperature, top_k, top_p, min_p, seeds, sample_indices, positions,
-                 num_top_logprobs: int = 0) -> SamplerOutput:
-        return sample(logits, temperature, top_k, top_p, min_p, seeds, sample_indices, positions, num_top_logprobs,
-                      ops=self.ops)
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        return sample(logits, batch, ops=self.ops)

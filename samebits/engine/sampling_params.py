@@ -5,8 +5,9 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
+from samebits.engine.config import SEED_LIMIT
+
 MAX_LOGPROBS = 20
-SEED_LIMIT = 2**63  # seeds travel through int64 tensors and JSON, so they must fit a signed 64-bit int
 
 
 def _is_int(value) -> bool:
@@ -56,6 +57,7 @@ class SamplingParams:
         _require(_is_int(n) and n >= 1, f"n must be an int >= 1, got {n!r}")
         lp_ok = lp is None or (_is_int(lp) and 0 <= lp <= MAX_LOGPROBS)
         _require(lp_ok, f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {lp!r}")
+        # Seeds travel through int64 tensors and JSON, so they must fit a signed 64-bit int.
         seed_ok = s is None or (_is_int(s) and 0 <= s < SEED_LIMIT)
         _require(seed_ok, f"seed must be None or an int in [0, 2**63), got {s!r}")
 
@@ -68,10 +70,6 @@ class SamplingParams:
         ids_ok = ids is None or (isinstance(ids, (list, tuple)) and all(_is_int(i) and i >= 0 for i in ids))
         _require(ids_ok, f"stop_token_ids must be None or a list of ints >= 0, got {ids!r}")
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
     @cached_property  # read every step by the scheduler; cached_property works on frozen dataclasses
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -81,3 +79,27 @@ class SamplingParams:
     @cached_property
     def stop_token_set(self) -> frozenset[int]:
         return frozenset(self.stop_token_ids or ())
+
+
+class ContextLengthError(ValueError):
+    """The prompt, or the prompt and max_tokens together, do not fit the model's context; `param` names the field
+    to blame ("prompt" or "max_tokens")."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+def check_context_length(prompt_len: int, max_tokens: int, max_model_len: int, where: str = "prompt") -> None:
+    """The one context-length check: a prompt must leave room for at least one token, and prompt + max_tokens must
+    fit max_model_len. `where` names the prompt in the message ("prompt", "messages")."""
+    limit = max_model_len
+    if prompt_len >= limit:
+        raise ContextLengthError(
+            f"This model's maximum context length is {limit} tokens. However, your {where} has {prompt_len} tokens. "
+            f"Please reduce the length of the {where}.", "prompt")
+    if prompt_len + max_tokens > limit:
+        raise ContextLengthError(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the {where}, {max_tokens} in the completion). "
+            f"Please reduce the length of the {where} or completion.", "max_tokens")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from samebits.engine.sampling_params import SamplingParams
 
@@ -17,10 +18,6 @@ class SequenceStatus(enum.Enum):
     FINISHED_LENGTH = "finished_length"
     FINISHED_ABORTED = "finished_aborted"
 
-    @property
-    def finished(self) -> bool:
-        return self is not _WAITING and self is not _RUNNING  # identity: checked per sequence per step
-
 
 _WAITING, _RUNNING = SequenceStatus.WAITING, SequenceStatus.RUNNING
 FINISH_STATUS = {
@@ -28,6 +25,14 @@ FINISH_STATUS = {
     "length": SequenceStatus.FINISHED_LENGTH,
     "abort": SequenceStatus.FINISHED_ABORTED,
 }
+
+
+class Finish(NamedTuple):
+    """The output processor's decision that seq ends now; the scheduler applies it."""
+
+    seq: Sequence
+    reason: str  # a FINISH_STATUS key
+    stop_reason: str | int | None = None  # the stop string or stop token id, None for eos, length and abort
 
 
 @dataclass(eq=False)  # identity semantics: two samples with equal tokens are still two sequences
@@ -50,9 +55,6 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    # Filled by the engine/sampler, kept here so preemption never loses them.
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[dict[int, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)
@@ -87,7 +89,7 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        status = self.status
+        status = self.status  # identity, not a set lookup: checked per sequence per step
         return status is not _WAITING and status is not _RUNNING
 
     @property

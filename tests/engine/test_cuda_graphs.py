@@ -20,7 +20,7 @@ def decode_step(llm, prompts):
         out = engine.scheduler.schedule()
         if all(s.num_new_tokens == 1 for s in out.scheduled):
             return engine, out
-        engine.scheduler.update(out, {k: r.token_id for k, r in engine.runner.execute(out).items()})
+        engine.scheduler.apply(out, engine.processor.process(out, engine.runner.execute(out).to_host()))
 
 
 def test_static_padded_buffers_give_the_eager_bits(tmp_path):
@@ -50,6 +50,19 @@ def test_prefill_steps_are_not_taken_by_graphs(tmp_path):
     assert not graphs.accepts(out)
 
 
+def test_padded_decode_steps_run_eagerly(tmp_path):
+    """A step the bucketed policy padded keeps its fixed eager shape; the same step unpadded replays a graph."""
+    ckpt = write_tiny_checkpoint(tmp_path, "llama3", seed=2, **SHAPE)
+    llm = LLM(model=str(ckpt), device="cpu", kv_cache_tokens=4096, max_model_len=512, policy="bucketed",
+              max_num_seqs=8, max_num_batched_tokens=64)
+    engine, out = decode_step(llm, [[5 + i] * (10 + 7 * i) for i in range(3)])
+    graphs = DecodeGraphs(engine.runner.model, engine.runner.kv_caches, 16, 0, 512, 8)
+    assert out.kind == "decode" and len(out.scheduled) + len(out.padding) == 8 and out.padding
+    assert not graphs.accepts(out)
+    out.padding = ()
+    assert graphs.accepts(out)
+
+
 @pytest.mark.gpu
 def test_graph_replay_equals_eager_on_cuda(tmp_path):
     ckpt = write_tiny_checkpoint(tmp_path, "llama3", seed=2, torch_dtype="bfloat16", **SHAPE)
@@ -58,8 +71,17 @@ def test_graph_replay_equals_eager_on_cuda(tmp_path):
     runs = {}
     for graphs in (False, True):
         llm = LLM(model=str(ckpt), device="cuda", cuda_graphs=graphs, kv_cache_tokens=16384, max_num_seqs=32)
-        runs[graphs] = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params,
-                                                                                               use_tqdm=False)]
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        # Logprobs as int32 bit patterns: == on floats would let a -0.0 / 0.0 difference pass.
+        runs[graphs] = [(o.outputs[0].token_ids, float32_bits(o.outputs[0].logprobs)) for o in outs]
         if graphs:
             assert llm.engine.runner.graphs.graphs, "no graph was captured"
     assert runs[True] == runs[False]
+
+
+def float32_bits(values: list[float]) -> list[int]:
+    return torch.tensor(values, dtype=torch.float32).view(torch.int32).tolist()
+
+
+def test_float32_bits_tell_signed_zeros_apart():
+    assert float32_bits([0.0]) != float32_bits([-0.0]) and float32_bits([-0.5]) == float32_bits([-0.5])

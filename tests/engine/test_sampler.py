@@ -6,6 +6,7 @@ import torch
 
 from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.engine import sampler as S
+from samebits.engine.sampling_params import SamplingParams
 from samebits.kernels import get_ops
 
 OPS = get_ops("deterministic", "cpu")
@@ -42,12 +43,13 @@ def random_row(rnd: random.Random, vocab=VOCAB, params=None) -> Row:
 
 def run(sample_fn, rows: list[Row], k: int = 5) -> S.SamplerOutput:
     p = {name: [r.params[name] for r in rows] for name in OFF}
-    return sample_fn(torch.stack([r.logits for r in rows]), p["temperature"], p["top_k"], p["top_p"], p["min_p"],
-                     [r.seed for r in rows], [r.sample_index for r in rows], [r.position for r in rows], k)
+    return sample_fn(torch.stack([r.logits for r in rows]), S.SamplingBatch(
+        p["temperature"], p["top_k"], p["top_p"], p["min_p"], [r.seed for r in rows], [r.sample_index for r in rows],
+        [r.position for r in rows], k))
 
 
-def ours(*args):
-    return S.Sampler(OPS)(*args)
+def ours(logits, batch):
+    return S.Sampler(OPS)(logits, batch)
 
 
 def alone_vs_batched(sample_fn, needle: Row, batch_sizes, rnd: random.Random) -> dict:
@@ -69,26 +71,27 @@ BATCH_SIZES = [1, 2, 3, 5, 8, 13, 16, 31, 32, 64, 97, 128]
 
 
 @pytest.mark.parametrize("menu_index", range(len(PARAM_MENU)))
-def test_row_alone_equals_row_inside_mixed_batches(menu_index):
-    rnd = random.Random(menu_index)
+def test_row_alone_equals_row_inside_mixed_batches(menu_index, seed):
+    rnd = random.Random(seed * 100 + menu_index)
     needle = random_row(rnd, params=PARAM_MENU[menu_index])
     for f, m in alone_vs_batched(ours, needle, BATCH_SIZES, rnd).items():
         assert m.same, (f, m)
 
 
-def global_rng_sample(logits, temperature, top_k, top_p, min_p, seeds, sample_indices, positions, k=0):
+def global_rng_sample(logits, batch):
     """The common mistake: one seeded global generator shared by the whole batch."""
+    k = batch.num_top_logprobs
     with torch.random.fork_rng():
-        torch.manual_seed(seeds[0])
-        t = torch.tensor([max(x, 1e-5) for x in temperature])[:, None]
+        torch.manual_seed(batch.seeds[0])
+        t = torch.tensor([max(x, 1e-5) for x in batch.temperature])[:, None]
         tokens = torch.multinomial(torch.softmax(logits / t, dim=-1), 1)[:, 0]
     logprobs = torch.log_softmax(logits, dim=-1)
     values, ids = torch.sort(logprobs, dim=-1, descending=True, stable=True)
     return S.SamplerOutput(tokens, logprobs.gather(1, tokens[:, None])[:, 0], ids[:, :k], values[:, :k])
 
 
-def test_negative_control_global_rng_is_caught_by_the_same_comparison():
-    rnd = random.Random(99)
+def test_negative_control_global_rng_is_caught_by_the_same_comparison(seed):
+    rnd = random.Random(seed)
     needle = random_row(rnd, params=dict(OFF))
     caught = alone_vs_batched(global_rng_sample, needle, BATCH_SIZES, rnd)
     assert not caught["token_ids"].same
@@ -99,14 +102,14 @@ def test_negative_control_global_rng_is_caught_by_the_same_comparison():
 def test_greedy_is_argmax_with_ties_to_lowest_id():
     logits = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
     logits[1, 9] = logits[1, 40] = logits[1].max() + 1.0
-    out = S.sample(logits, [0.0] * 4, [5, -1, 0, 3], [0.5, 1.0, 0.9, 1.0], [0.0, 0.1, 0.0, 0.3], [1, 2, 3, 4],
-                   [0] * 4, [0] * 4, ops=OPS)
+    out = S.sample(logits, S.SamplingBatch([0.0] * 4, [5, -1, 0, 3], [0.5, 1.0, 0.9, 1.0], [0.0, 0.1, 0.0, 0.3],
+                                           [1, 2, 3, 4], [0] * 4, [0] * 4), ops=OPS)
     assert_same_bits(out.token_ids, logits.argmax(dim=-1), "greedy tokens")
     assert int(out.token_ids[1]) == 9
 
 
-def test_logprobs_are_raw_log_softmax_whatever_the_temperature():
-    rnd = random.Random(3)
+def test_logprobs_are_raw_log_softmax_whatever_the_temperature(seed):
+    rnd = random.Random(seed)
     rows = [random_row(rnd, params=p) for p in PARAM_MENU]
     out = run(ours, rows, k=7)
     raw = OPS.log_softmax(torch.stack([r.logits for r in rows]), dim=-1)
@@ -116,19 +119,20 @@ def test_logprobs_are_raw_log_softmax_whatever_the_temperature():
 
 def test_top_logprobs_sorted_ties_to_lowest_id_and_prefix_consistent():
     logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, -1.0, 2.0]])
-    out = S.sample(logits, [1.0], [-1], [1.0], [0.0], [7], [0], [0], 4, ops=OPS)
+    out = S.sample(logits, S.SamplingBatch([1.0], [-1], [1.0], [0.0], [7], [0], [0], 4), ops=OPS)
     assert out.top_logprob_ids.tolist() == [[1, 3, 5, 2]]
     assert_same_bits(out.top_logprobs, OPS.log_softmax(logits, -1)[:, [1, 3, 5, 2]], "top logprobs")
-    fewer = S.sample(logits, [1.0], [-1], [1.0], [0.0], [7], [0], [0], 2, ops=OPS)
+    fewer = S.sample(logits, S.SamplingBatch([1.0], [-1], [1.0], [0.0], [7], [0], [0], 2), ops=OPS)
     assert_same_bits(fewer.top_logprob_ids, out.top_logprob_ids[:, :2], "top ids prefix")
-    none = S.sample(logits, [1.0], [-1], [1.0], [0.0], [7], [0], [0], 0, ops=OPS)
+    none = S.sample(logits, S.SamplingBatch([1.0], [-1], [1.0], [0.0], [7], [0], [0], 0), ops=OPS)
     assert none.top_logprob_ids.shape == (1, 0) and none.top_logprobs.shape == (1, 0)
 
 
 def _many(logits_row, params, seeds, sample_indices, positions):
     n = len(seeds)
-    return S.sample(logits_row.expand(n, -1).contiguous(), [params["temperature"]] * n, [params["top_k"]] * n,
-                    [params["top_p"]] * n, [params["min_p"]] * n, seeds, sample_indices, positions, ops=OPS).token_ids
+    batch = S.SamplingBatch([params["temperature"]] * n, [params["top_k"]] * n, [params["top_p"]] * n,
+                            [params["min_p"]] * n, seeds, sample_indices, positions)
+    return S.sample(logits_row.expand(n, -1).contiguous(), batch, ops=OPS).token_ids
 
 
 def test_same_key_same_token_and_each_key_part_matters():
@@ -171,8 +175,8 @@ def ref_keep(scaled: torch.Tensor, top_k: int, top_p: float, min_p: float) -> to
     return keep
 
 
-def test_filters_match_the_reference():
-    rnd = random.Random(11)
+def test_filters_match_the_reference(seed):
+    rnd = random.Random(seed)
     rows, params = [], []
     for _ in range(64):
         row = random_row(rnd, vocab=257)
@@ -221,14 +225,24 @@ def test_prefix_sum_is_row_local_and_correct():
 
 def test_rejects_bad_parameters():
     logits = torch.zeros(1, 8)
-    good = {"temperature": [1.0], "top_k": [-1], "top_p": [1.0], "min_p": [0.0]}
+    # The values are SamplingParams' to refuse; a batch is built from them.
     for name, bad in (("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("min_p", -0.1), ("top_k", -2)):
         with pytest.raises(ValueError, match=name):
-            S.sample(logits, **{**good, name: [bad]}, seeds=[0], sample_indices=[0], positions=[0], ops=OPS)
+            S.SamplingBatch.of([SamplingParams(**{name: bad})], seeds=[0], sample_indices=[0], positions=[0])
+    good = S.SamplingBatch.of([SamplingParams()], seeds=[0], sample_indices=[0], positions=[0])
     with pytest.raises(ValueError, match="float32"):
-        S.sample(logits.double(), **good, seeds=[0], sample_indices=[0], positions=[0], ops=OPS)
+        S.sample(logits.double(), good, ops=OPS)
     with pytest.raises(ValueError, match="seeds"):
-        S.sample(logits, **good, seeds=[0, 1], sample_indices=[0], positions=[0], ops=OPS)
+        S.SamplingBatch([1.0], [-1], [1.0], [0.0], [0, 1], [0], [0])
+    with pytest.raises(ValueError, match="2 rows of logits"):
+        S.sample(torch.zeros(2, 8), good, ops=OPS)
+
+
+def test_batch_of_params_takes_the_largest_logprobs_count():
+    params = [SamplingParams(logprobs=2), SamplingParams(), SamplingParams(temperature=0.5, top_k=3, logprobs=5)]
+    batch = S.SamplingBatch.of(params, [1, 2, 3], [0, 1, 0], [7, 8, 9])
+    assert (batch.num_top_logprobs, batch.temperature, batch.top_k) == (5, [1.0, 1.0, 0.5], [-1, -1, 3])
+    assert batch.select([2, 0]).seeds == [3, 1]
 
 
 @pytest.mark.gpu
@@ -238,7 +252,8 @@ def test_cuda_tokens_equal_cpu():
     cpu = run(ours, rows)
     logits = torch.stack([r.logits for r in rows]).cuda()
     p = {name: [r.params[name] for r in rows] for name in OFF}
-    cuda = S.sample(logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"], [r.seed for r in rows],
-                    [r.sample_index for r in rows], [r.position for r in rows], 5, ops=get_ops("deterministic", "cuda"))
+    batch = S.SamplingBatch(p["temperature"], p["top_k"], p["top_p"], p["min_p"], [r.seed for r in rows],
+                            [r.sample_index for r in rows], [r.position for r in rows], 5)
+    cuda = S.sample(logits, batch, ops=get_ops("deterministic", "cuda"))
     assert cuda.token_ids.is_cuda
     assert_same_bits(cuda.token_ids, cpu.token_ids, "tokens cuda vs cpu")

@@ -1,7 +1,7 @@
 import pytest
 
 from samebits.engine.outputs import CompletionOutput, RequestOutput
-from samebits.engine.sampling_params import SamplingParams
+from samebits.engine.sampling_params import ContextLengthError, SamplingParams, check_context_length
 from samebits.engine.sequence import Sequence, SequenceStatus, make_sequences
 
 
@@ -9,7 +9,6 @@ def test_defaults_match_issue():
     p = SamplingParams()
     assert (p.temperature, p.top_p, p.top_k, p.min_p, p.max_tokens) == (1.0, 1.0, -1, 0.0, 16)
     assert (p.stop, p.stop_token_ids, p.ignore_eos, p.seed, p.n, p.logprobs) == (None, None, False, None, 1, None)
-    assert not p.greedy and SamplingParams(temperature=0).greedy
 
 
 @pytest.mark.parametrize(
@@ -79,3 +78,13 @@ def test_sequences_of_a_request():
 def test_empty_prompt_rejected():
     with pytest.raises(ValueError, match="at least 1 token"):
         Sequence("r", [])
+
+
+def test_context_length_names_the_field_to_blame():
+    check_context_length(10, 6, 16)
+    with pytest.raises(ContextLengthError, match="your prompt has 16 tokens") as e:
+        check_context_length(16, 1, 16)
+    assert e.value.param == "prompt"
+    with pytest.raises(ContextLengthError, match=r"requested 17 tokens \(10 in the messages, 7 in") as e:
+        check_context_length(10, 7, 16, where="messages")
+    assert e.value.param == "max_tokens" and isinstance(e.value, ValueError)

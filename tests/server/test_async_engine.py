@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
+import threading
 
 import pytest
 
@@ -23,9 +23,47 @@ def run(coro_fn, engine=None, **kw):
     return asyncio.run(main())
 
 
-async def drain(ae, rid, ids=(1, 2, 3), **params):
-    outs = [o async for o in ae.generate(rid, list(ids), SamplingParams(**params))]
+async def drain(ae, rid, ids=(1, 2, 3), first: asyncio.Event | None = None, **params):
+    """All outputs of one request; `first` is set when the first one arrives."""
+    outs = []
+    async for o in ae.generate(rid, list(ids), SamplingParams(**params)):
+        outs.append(o)
+        if first is not None:
+            first.set()
     return outs
+
+
+class CountingEngine(FakeLLMEngine):
+    """Sets `added` once `expect` requests have been added on the engine thread (their streams exist by then)."""
+
+    def __init__(self, expect: int, **kw):
+        super().__init__(**kw)
+        self.expect, self.added = expect, threading.Event()
+
+    def add_request(self, *args, **kw) -> None:
+        super().add_request(*args, **kw)
+        self.expect -= 1
+        if self.expect == 0:
+            self.added.set()
+
+
+class HandshakeEngine(FakeLLMEngine):
+    """Each step waits until the event loop has run a callback, so a step that blocked the loop would hang here."""
+
+    loop: asyncio.AbstractEventLoop | None = None
+    stalled = 0
+    timeout_s = 30.0  # a bound that only keeps a broken loop from hanging the suite
+
+    def step(self):
+        answered = threading.Event()
+        self.loop.call_soon_threadsafe(answered.set)
+        self.stalled += not answered.wait(self.timeout_s)
+        return super().step()
+
+
+async def stopped(ae) -> None:
+    """Wait for the engine thread to end (a dead loop), without blocking the event loop."""
+    await asyncio.to_thread(ae._thread.join, 30)
 
 
 def test_generate_yields_cumulative_outputs_until_finished():
@@ -59,11 +97,9 @@ def test_abort_ends_the_stream():
     engine = FakeLLMEngine(step_delay_s=0.005)
 
     async def body(ae):
-        async def consume():
-            return [o async for o in ae.generate("a", [1], SamplingParams(max_tokens=250))]
-
-        task = asyncio.ensure_future(consume())
-        await asyncio.sleep(0.05)
+        first = asyncio.Event()
+        task = asyncio.ensure_future(drain(ae, "a", ids=[1], first=first, max_tokens=250))
+        await first.wait()
         await ae.abort("a")
         outs = await asyncio.wait_for(task, 5)
         assert outs and not outs[-1].finished and not engine.requests
@@ -72,12 +108,12 @@ def test_abort_ends_the_stream():
 
 
 def test_bounded_queue_raises_queue_full():
-    engine = FakeLLMEngine()
-    engine.gate = __import__("threading").Event()
+    engine = CountingEngine(expect=2)
+    engine.gate = threading.Event()
 
     async def body(ae):
         started = [asyncio.ensure_future(drain(ae, f"r{i}", max_tokens=2)) for i in range(2)]
-        await asyncio.sleep(0.05)
+        await asyncio.to_thread(engine.added.wait, 30)
         with pytest.raises(QueueFull):
             await drain(ae, "r3", max_tokens=2)
         engine.gate.set()
@@ -97,11 +133,11 @@ def test_bad_request_raises_value_error_and_loop_lives():
 
 
 def test_duplicate_request_id_is_refused():
-    engine = FakeLLMEngine(step_delay_s=0.01)
+    engine = CountingEngine(expect=1, step_delay_s=0.01)
 
     async def body(ae):
         first = asyncio.ensure_future(drain(ae, "same", max_tokens=5))
-        await asyncio.sleep(0)
+        await asyncio.to_thread(engine.added.wait, 30)
         with pytest.raises(ValueError, match="already in use"):
             await drain(ae, "same", max_tokens=5)
         await first
@@ -116,7 +152,7 @@ def test_loop_death_fails_waiters_and_marks_unhealthy():
     async def body(ae):
         with pytest.raises(EngineDead, match="injected"):
             await drain(ae, "a", max_tokens=50)
-        await asyncio.sleep(0.05)
+        await stopped(ae)
         assert not ae.healthy and isinstance(ae.error, RuntimeError)
         with pytest.raises(EngineDead):
             await drain(ae, "b")
@@ -124,28 +160,37 @@ def test_loop_death_fails_waiters_and_marks_unhealthy():
     run(body, engine)
 
 
-def test_event_loop_stays_responsive_during_slow_steps():
-    engine = FakeLLMEngine(step_delay_s=0.2)
+def test_event_loop_stays_responsive_during_steps():
+    engine = HandshakeEngine()
 
     async def body(ae):
-        gen = asyncio.ensure_future(drain(ae, "a", max_tokens=4))
-        worst = 0.0
-        while not gen.done():
-            t = time.monotonic()
-            await asyncio.sleep(0.01)
-            worst = max(worst, time.monotonic() - t)
-        await gen
-        assert worst < 0.15, f"the event loop stalled {worst:.3f}s behind a 0.2s step"
+        engine.loop = asyncio.get_running_loop()
+        assert (await drain(ae, "a", max_tokens=4))[-1].finished
+        assert engine.steps >= 4 and engine.stalled == 0, "a step ran while the event loop could not"
 
     run(body, engine)
+
+
+def test_negative_control_a_loop_blocked_by_the_step_is_caught():
+    engine = HandshakeEngine()
+
+    async def body():
+        engine.loop = asyncio.get_running_loop()
+        engine.add_request("a", [1, 2], SamplingParams(max_tokens=2))
+        engine.timeout_s = 0.05
+        engine.step()  # the mistake: stepping on the loop itself, so the loop cannot answer
+        assert engine.stalled == 1
+
+    asyncio.run(body())
 
 
 def test_shutdown_fails_waiting_requests_instead_of_hanging():
     engine = FakeLLMEngine(step_delay_s=0.01)
 
     async def body(ae):
-        task = asyncio.ensure_future(drain(ae, "a", max_tokens=250))
-        await asyncio.sleep(0.05)
+        first = asyncio.Event()
+        task = asyncio.ensure_future(drain(ae, "a", first=first, max_tokens=250))
+        await first.wait()
         await asyncio.to_thread(ae.shutdown)
         with pytest.raises(EngineDead, match="shut down"):
             await asyncio.wait_for(task, 5)
@@ -174,7 +219,7 @@ def test_abort_after_loop_death_returns_at_once():
     async def body(ae):
         with pytest.raises(EngineDead):
             await drain(ae, "a")
-        await asyncio.sleep(0.05)
-        await asyncio.wait_for(ae.abort("a"), 1)
+        await stopped(ae)
+        await asyncio.wait_for(ae.abort("a"), 30)  # returns at once; the bound only keeps a bug from hanging
 
     run(body, engine)

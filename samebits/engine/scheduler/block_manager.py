@@ -10,13 +10,10 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from samebits.arith import cdiv
 from samebits.engine.sequence import Sequence
 
 ROOT_HASH = b"samebits-kv-root"
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def hash_block(parent: bytes, tokens) -> bytes:
@@ -30,7 +27,7 @@ class IntegrityError(AssertionError):
     pass
 
 
-def _check(ok: bool, message: str) -> None:
+def require(ok: bool, message: str) -> None:
     # Explicit raise rather than assert: integrity checks must survive python -O.
     if not ok:
         raise IntegrityError(message)
@@ -48,10 +45,6 @@ class PrefixStats:
     queries: int = 0  # prompt tokens looked up at admission
     hits: int = 0  # of which found in the cache
     evictions: int = 0  # cached blocks reused for other tokens
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
 
 
 class BlockManager:
@@ -236,16 +229,16 @@ class BlockManager:
     def check_integrity(self) -> None:
         refs = [0] * self.num_blocks
         for seq in self.seqs.values():
-            _check(len(set(seq.block_table)) == len(seq.block_table), f"{seq!r} maps a block twice")
+            require(len(set(seq.block_table)) == len(seq.block_table), f"{seq!r} maps a block twice")
             for block_id in seq.block_table:
                 refs[block_id] += 1
         for block in self.blocks:
-            _check(block.ref_count == refs[block.block_id], f"block {block.block_id}: ref {block.ref_count} != {refs[block.block_id]}")
-            _check((block.ref_count == 0) == (block.block_id in self.free_ids), f"block {block.block_id} free list")
+            require(block.ref_count == refs[block.block_id], f"block {block.block_id}: ref {block.ref_count} != {refs[block.block_id]}")
+            require((block.ref_count == 0) == (block.block_id in self.free_ids), f"block {block.block_id} free list")
             if block.hash is not None:
-                _check(self.cached.get(block.hash) == block.block_id, f"block {block.block_id} hash map")
-        _check(len(self.cached) == sum(b.hash is not None for b in self.blocks), "stale hash map entries")
-        _check(set(self.num_registered) <= set(self.seqs), "registration cursor of a sequence holding no blocks")
+                require(self.cached.get(block.hash) == block.block_id, f"block {block.block_id} hash map")
+        require(len(self.cached) == sum(b.hash is not None for b in self.blocks), "stale hash map entries")
+        require(set(self.num_registered) <= set(self.seqs), "registration cursor of a sequence holding no blocks")
         for seq in self.seqs.values():
             self._check_seq_hashes(seq)
 
@@ -254,5 +247,5 @@ class BlockManager:
         for i, block_id in enumerate(seq.block_table):
             h = self.blocks[block_id].hash
             if h is not None:
-                _check((i + 1) * self.block_size <= seq.num_computed_tokens, f"{seq!r}: uncomputed block {i} cached")
-                _check(self.block_hashes(seq, i + 1)[i] == h, f"{seq!r}: block {i} hash mismatch")
+                require((i + 1) * self.block_size <= seq.num_computed_tokens, f"{seq!r}: uncomputed block {i} cached")
+                require(self.block_hashes(seq, i + 1)[i] == h, f"{seq!r}: block {i} hash mismatch")

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from samebits.engine.block_manager import ROOT_HASH, BlockManager, IntegrityError, hash_block
+from samebits.engine.scheduler.block_manager import ROOT_HASH, BlockManager, IntegrityError, hash_block
 from samebits.engine.sequence import Sequence
 
 BS = 4

@@ -6,19 +6,40 @@ import sys
 
 import pytest
 
-from samebits.engine.block_manager import BlockManager
-from samebits.engine.config import EngineConfig
+from samebits.arith import kv_slot
+from samebits.engine.config import POLICIES, EngineConfig
+from samebits.engine.output_processor import OutputProcessor
+from samebits.engine.outputs import StepResult
 from samebits.engine.sampling_params import SamplingParams
-from samebits.engine.scheduler import Scheduler, SchedulerFull
-from samebits.engine.sequence import SequenceStatus
+from samebits.engine.scheduler import BlockManager, QueueFull, Scheduler, SchedulerOutput
+from samebits.engine.scheduler.bucketed import BucketedPolicy
+from samebits.engine.scheduler.policies import DynamicPolicy
+from samebits.engine.sequence import Finish, SequenceStatus
 
 EOS = 0
 VOCAB = 40
 
 
+class LetterTokenizer:
+    """Token t decodes to one letter, so stop strings are letters."""
+
+    @staticmethod
+    def decode(ids):
+        return "".join(chr(ord("A") + t) for t in ids)
+
+
 def make(num_blocks=64, block_size=4, max_model_len=64, caching=True, **kw):
     bm = BlockManager(num_blocks, block_size, caching)
-    return Scheduler(bm, max_model_len=max_model_len, eos_token_ids={EOS}, **kw)
+    sched = Scheduler(bm, max_model_len=max_model_len, **kw)
+    sched.test_processor = OutputProcessor(LetterTokenizer(), {EOS}, max_model_len)
+    return sched
+
+
+def finish_step(sched, out, sampled, extra=()):
+    """The engine's step after the runner: the output processor decides, the scheduler applies."""
+    finished = sched.test_processor.process(out, sampled)
+    sched.apply(out, [*finished, *extra])
+    return finished
 
 
 def draw(seq, context):
@@ -34,8 +55,7 @@ class FakeRunner:
         self.sched, self.bm, self.kv = sched, sched.bm, {}
 
     def slot(self, seq, pos):
-        bs = self.bm.block_size
-        return seq.block_table[pos // bs] * bs + pos % bs
+        return kv_slot(seq.block_table, pos, self.bm.block_size)
 
     def run(self, out):
         sampled = {}
@@ -49,7 +69,7 @@ class FakeRunner:
             context = [self.kv[self.slot(seq, p)] for p in range(item.context_len)]
             assert context == list(zip(seq.token_ids[: item.context_len], range(item.context_len)))
             if item.sample:
-                sampled[seq.seq_id] = draw(seq, tuple(context))
+                sampled[seq.seq_id] = StepResult(draw(seq, tuple(context)), 0.0, {})
         return sampled
 
 
@@ -64,21 +84,24 @@ def drive(sched, max_steps=5000, on_step=None, runner=None):
         check_shape(sched, out)
         if on_step:
             on_step(step, out)
-        sched.update(out, runner.run(out))
+        finish_step(sched, out, runner.run(out))
         sched.check_integrity()
     raise AssertionError("did not finish")
 
 
 def check_shape(sched, out):
     assert out.num_padded_tokens <= sched.max_num_batched_tokens
-    assert len(out.scheduled) <= sched.max_num_seqs and out.batch_pad_to >= len(out.scheduled)
+    assert len(out.scheduled) <= sched.max_num_seqs and all(k >= 1 for k in out.padding)
     assert len({id(s.seq) for s in out.scheduled}) == len(out.scheduled)
     for item in out.scheduled:
         assert item.sample == (item.context_len == item.seq.num_tokens)
 
 
 def add(sched, rid, prompt, **params):
-    return sched.add_request(rid, prompt, SamplingParams(**params), seed=hash(rid) % 1000)
+    seed = int.from_bytes(hashlib.blake2b(rid.encode(), digest_size=4).digest(), "little")
+    seqs = sched.add_request(rid, prompt, SamplingParams(**params), seed=seed)
+    sched.test_processor.add_request(rid, None, prompt, seed, seqs)
+    return seqs
 
 
 def results(sched_requests):
@@ -97,7 +120,7 @@ def test_chunked_prefill_spans_steps_and_samples_once():
 def test_budget_decodes_first_then_fcfs_prefills():
     sched = make(max_num_batched_tokens=10)
     add(sched, "a", [1, 2, 3], max_tokens=5, ignore_eos=True)
-    sched.update(out := sched.schedule(), FakeRunner(sched).run(out))
+    finish_step(sched, out := sched.schedule(), FakeRunner(sched).run(out))
     add(sched, "b", list(range(1, 21)), max_tokens=1)
     add(sched, "c", [5, 6], max_tokens=1)
     out = sched.schedule()
@@ -150,7 +173,7 @@ def test_stop_conditions():
 
 def test_eos_stops_unless_ignored():
     sched = make()
-    sched.eos_token_ids = frozenset(range(VOCAB))  # every token is eos
+    sched.test_processor.eos_token_ids = frozenset(range(VOCAB))  # every token is eos
     (stops,) = add(sched, "a", [1, 2], max_tokens=5)
     (ignores,) = add(sched, "b", [1, 2], max_tokens=5, ignore_eos=True)
     drive(sched)
@@ -158,26 +181,28 @@ def test_eos_stops_unless_ignored():
     assert ignores.num_generated == 5 and ignores.finish_reason == "length"
 
 
-def test_finish_hook_for_stop_strings_frees_blocks():
+def test_stop_strings_finish_through_the_processor_and_free_blocks():
     sched = make()
-    (seq,) = add(sched, "a", [1, 2, 3, 4, 5], max_tokens=10, ignore_eos=True)
-    out = sched.schedule()
-    sched.update(out, FakeRunner(sched).run(out))
-    sched.finish(seq, "stop", "###")
-    assert seq.status is SequenceStatus.FINISHED_STOPPED and seq.stop_reason == "###" and not seq.block_table
+    (probe,) = add(sched, "probe", [1, 2, 3], max_tokens=3, ignore_eos=True)
+    drive(sched)
+    text = LetterTokenizer.decode(probe.output_token_ids)
+    (seq,) = add(sched, "probe", [1, 2, 3], max_tokens=10, ignore_eos=True, stop=[text[1:3]])
+    drive(sched)
+    assert (seq.finish_reason, seq.stop_reason, seq.status) == ("stop", text[1:3], SequenceStatus.FINISHED_STOPPED)
+    assert seq.output_token_ids == probe.output_token_ids and not seq.block_table, "the same request, cut at the stop"
     assert sched.bm.num_free_blocks == sched.bm.num_blocks and not sched.has_unfinished()
     sched.check_integrity()
 
 
-def test_stop_string_on_the_last_allowed_token_reports_stop():
+def test_apply_frees_the_processors_decisions_once():
     sched = make()
-    (seq,) = add(sched, "a", [1, 2, 3], max_tokens=1, ignore_eos=True)
-    drive(sched)
-    assert seq.finish_reason == "length"
-    sched.finish(seq, "stop", "###")
+    (seq,) = add(sched, "a", [1, 2, 3, 4, 5], max_tokens=10, ignore_eos=True)
+    out = sched.schedule()
+    sched.apply(out, [Finish(seq, "stop", "###"), Finish(seq, "abort")])
     assert (seq.finish_reason, seq.stop_reason, seq.status) == ("stop", "###", SequenceStatus.FINISHED_STOPPED)
-    sched.finish(seq, "abort")
-    assert seq.finish_reason == "stop", "a finished sequence is never re-finished otherwise"
+    assert not seq.block_table and sched.bm.num_free_blocks == sched.bm.num_blocks and not sched.has_unfinished()
+    assert sched.abort("a") == [] and seq.finish_reason == "stop", "a finished sequence is never re-finished"
+    sched.check_integrity()
 
 
 def test_abort_frees_blocks_at_once_even_mid_step():
@@ -187,7 +212,7 @@ def test_abort_frees_blocks_at_once_even_mid_step():
     out = sched.schedule()
     assert sched.abort("a") == [a] and a.finish_reason == "abort" and not a.block_table
     sched.check_integrity()
-    sched.update(out, run_live(FakeRunner(sched), out))
+    finish_step(sched, out, run_live(FakeRunner(sched), out))
     assert a.num_generated == 0 and b.num_generated == 1
     assert sched.abort("a") == [] and sched.abort("nope") == []
     sched.abort("b")
@@ -230,7 +255,7 @@ def test_preemption_victim_is_latest_arrival_and_goes_to_front():
     while not preempted:
         out = sched.schedule()
         preempted = out.preempted
-        sched.update(out, runner.run(out))
+        finish_step(sched, out, runner.run(out))
         sched.check_integrity()
     assert preempted[0] is b and sched.waiting[0] is b and b.num_computed_tokens == 0
     assert b.num_generated > 0, "generated tokens are kept and recomputed"
@@ -265,7 +290,7 @@ def test_outputs_are_a_function_of_the_request_alone():
 
 def test_bucketed_shapes():
     sched = make(num_blocks=200, max_model_len=128, policy="bucketed", max_num_seqs=32, max_num_batched_tokens=64)
-    assert sched.length_buckets == (16, 32, 64) and sched.batch_buckets == (8, 16, 32)
+    assert sched.policy.length_buckets == (16, 32, 64) and sched.policy.batch_buckets == (8, 16, 32)
     for i in range(11):
         add(sched, f"r{i}", [1 + i] * (1 + 9 * i), max_tokens=4, ignore_eos=True)  # r0: a 1-token prompt
     kinds = []
@@ -273,11 +298,11 @@ def test_bucketed_shapes():
     def check(step, out):
         kinds.append(out.kind)
         if out.kind == "prefill":
-            (item,) = out.scheduled
-            assert out.batch_pad_to == 1 and item.pad_to in sched.length_buckets and item.pad_to >= item.num_new_tokens
+            assert len(out.scheduled) == 1 and len(out.padding) <= 1
+            assert out.num_padded_tokens in sched.policy.length_buckets
         else:
-            assert out.kind == "decode" and out.batch_pad_to in sched.batch_buckets
-            assert all(x.pad_to == 1 for x in out.scheduled)
+            assert out.kind == "decode" and len(out.scheduled) + len(out.padding) in sched.policy.batch_buckets
+            assert all(x.num_new_tokens == 1 for x in out.scheduled) and set(out.padding) <= {1}
     drive(sched, on_step=check)
     assert "decode" in kinds and "prefill" in kinds and "mixed" not in kinds
     assert any(a == "prefill" and b == "decode" for a, b in itertools.pairwise(kinds)), "kinds alternate"
@@ -292,7 +317,7 @@ def test_validation_errors():
         add(sched, "a", [1])
     add(sched, "b", [1])
     assert not sched.can_add_request()
-    with pytest.raises(SchedulerFull, match="max_waiting is 2"):
+    with pytest.raises(QueueFull, match=r"full \(2 requests\)"):
         add(sched, "c", [1])
     with pytest.raises(ValueError, match="at least max_model_len=64"):
         make(num_blocks=4, block_size=4, max_model_len=64)
@@ -307,21 +332,31 @@ def test_step_protocol_errors():
     with pytest.raises(RuntimeError, match="twice"):
         sched.schedule()
     with pytest.raises(ValueError, match="no sampled token"):
-        sched.update(out, {})
+        sched.test_processor.process(out, {})
     with pytest.raises(RuntimeError, match="last schedule"):
-        sched.update(out, {s.seq_id: 1})
+        sched.apply(SchedulerOutput())
+    sched.apply(out)
+    with pytest.raises(RuntimeError, match="last schedule"):
+        sched.apply(out)
+    assert s.num_computed_tokens == 2
 
 
 def test_from_config():
     cfg = EngineConfig(block_size=8, max_num_seqs=4, max_num_batched_tokens=32, policy="bucketed", max_waiting=3)
-    sched = Scheduler.from_config(cfg, num_blocks=10, max_model_len=64, eos_token_ids=[2])
-    assert (sched.bm.block_size, sched.max_num_seqs, sched.policy, sched.max_waiting) == (8, 4, "bucketed", 3)
-    assert sched.eos_token_ids == {2} and sched.batch_buckets == (4,)
+    sched = Scheduler.from_config(cfg, num_blocks=10, max_model_len=64)
+    assert (sched.bm.block_size, sched.max_num_seqs, sched.policy.name, sched.max_waiting) == (8, 4, "bucketed", 3)
+    assert sched.policy.batch_buckets == (4,)
+
+
+def test_every_configurable_policy_has_one_module():
+    assert {p.name for p in (DynamicPolicy, BucketedPolicy)} == set(POLICIES)
+    with pytest.raises(ValueError, match="policy must be one of"):
+        make(policy="greedy")
 
 
 @pytest.mark.parametrize("policy", ["dynamic", "bucketed"])
-def test_random_soak_with_aborts_and_finishes(policy):
-    rng = random.Random({"dynamic": 11, "bucketed": 12}[policy])
+def test_random_soak_with_aborts_and_finishes(policy, seed):
+    rng = random.Random(f"{policy}-{seed}")
     sched = make(num_blocks=20, block_size=4, max_model_len=60, max_num_seqs=8, max_num_batched_tokens=24,
                  policy=policy)
     runner = sched.__dict__.setdefault("_fake_runner", FakeRunner(sched))
@@ -340,9 +375,9 @@ def test_random_soak_with_aborts_and_finishes(policy):
             check_decodes_first(out, was_running)
         if rng.random() < 0.05 and sched.requests:
             sched.abort(rng.choice(sorted(sched.requests)))
-        sched.update(out, run_live(runner, out))
-        if rng.random() < 0.05 and sched.running:
-            sched.finish(rng.choice(sched.running), "stop", "</s>")
+        # The processor's decisions, plus now and then an extra stop (of any sequence, as a stop string would).
+        extra = [Finish(rng.choice(sched.running), "stop", "</s>")] if rng.random() < 0.05 and sched.running else []
+        finish_step(sched, out, run_live(runner, out), extra)
         sched.check_integrity()
     drive(sched)
     assert sched.bm.num_free_blocks == sched.bm.num_blocks and sched.num_preemptions > 0
@@ -357,7 +392,7 @@ def check_decodes_first(out, was_running):
 
 
 def run_live(runner, out):
-    # An abort between schedule() and update() leaves a freed sequence in the output; the runner already ran it.
+    # An abort between schedule() and apply() leaves a freed sequence in the output; the runner already ran it.
     out.scheduled, everything = [x for x in out.scheduled if not x.seq.is_finished], out.scheduled
     try:
         return runner.run(out)
@@ -366,6 +401,7 @@ def run_live(runner, out):
 
 
 def test_core_is_torch_free():
-    code = ("import sys, samebits.engine.scheduler, samebits.engine.config, samebits.engine.outputs; "
+    code = ("import sys, samebits.engine.scheduler, samebits.engine.config, samebits.engine.outputs, "
+            "samebits.engine.output_processor; "
             "from samebits.engine import Scheduler, SamplingParams; assert 'torch' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, check=False).returncode == 0

@@ -1,0 +1,147 @@
+"""The output processor: the one place that turns a step's draws into text and decides which sequences finish.
+
+Torch-free. For each sampled sequence it appends the token, records its logprobs, detokenizes incrementally and
+applies every stop rule (eos unless ignore_eos, stop token ids, stop strings, max_tokens, max_model_len); the
+scheduler then applies the returned `Finish` decisions once (`Scheduler.apply`). It owns each sample's output
+(logprobs, text) and each request's identity (prompt, seed), and assembles the cumulative RequestOutputs.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from samebits.engine.outputs import CompletionOutput, RequestOutput, StepResult
+from samebits.engine.sequence import Finish, Sequence
+
+
+@dataclass
+class _SampleOutput:
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    # Incremental detokenization (vLLM-style offsets): text holds the decode of output ids [0, read).
+    prefix: int = 0
+    read: int = 0
+    text: str = ""
+
+
+@dataclass
+class _Request:
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seed: int
+    seqs: list[Sequence]
+
+
+def token_rule(seq: Sequence, eos_token_ids: frozenset[int], max_model_len: int) -> Finish | None:
+    """The stop rules that read the last token alone: eos, a stop token id, then max_tokens or max_model_len."""
+    token, params = seq.last_token_id, seq.params
+    if token in eos_token_ids and not params.ignore_eos:
+        return Finish(seq, "stop")
+    if token in params.stop_token_set:
+        return Finish(seq, "stop", token)
+    if seq.num_generated >= params.max_tokens or seq.num_tokens >= max_model_len:
+        return Finish(seq, "length")
+    return None
+
+
+def find_stop_string(text: str, grown: int, stops: Iterable[str]) -> tuple[str, int] | None:
+    """(stop, where) of the first stop string that ends in the last `grown` characters of text."""
+    for stop in stops:
+        at = text.find(stop, max(0, len(text) - grown - len(stop)))
+        if at >= 0:
+            return stop, at
+    return None
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, eos_token_ids: Iterable[int], max_model_len: int,
+                 fingerprint: Callable[[], str | None] = lambda: None):
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_model_len = max_model_len
+        self.fingerprint = fingerprint
+        self.requests: dict[str, _Request] = {}
+        self.samples: dict[int, _SampleOutput] = {}  # by seq_id
+        self.generation_tokens = 0
+        self._touched: dict[str, None] = {}
+
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], seed: int,
+                    seqs: list[Sequence]) -> None:
+        self.requests[request_id] = _Request(prompt, prompt_token_ids, seed, seqs)
+        self.samples.update((s.seq_id, _SampleOutput()) for s in seqs)
+
+    def forget(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        for s in req.seqs if req else ():
+            self.samples.pop(s.seq_id, None)
+        self._touched.pop(request_id, None)
+
+    # ---- one step ------------------------------------------------------------------------------------------
+    def process(self, output, results: Mapping[int, StepResult]) -> list[Finish]:
+        """Take the step's draws (`results[seq_id]` for each chunk with sample=True); return who finishes now."""
+        finished = []
+        for item in output.scheduled:
+            seq = item.seq
+            if not item.sample or seq.is_finished:  # mid-prefill, or aborted mid-step: nothing to keep
+                continue
+            result = results.get(seq.seq_id)
+            if result is None:
+                raise ValueError(f"no sampled token for {seq!r}, whose chunk ended with sample=True")
+            finish = self._take(seq, result)
+            finished += [finish] if finish is not None else []
+        return finished
+
+    def _take(self, seq: Sequence, result: StepResult) -> Finish | None:
+        seq.append_token(result.token_id)
+        sample = self.samples[seq.seq_id]
+        sample.logprobs.append(result.logprob)
+        sample.top_logprobs.append(result.top_logprobs)
+        self.generation_tokens += 1
+        self._touched[seq.request_id] = None
+        finish = token_rule(seq, self.eos_token_ids, self.max_model_len)
+        grown = self._detokenize(seq, sample, flush=finish is not None)
+        hit = find_stop_string(sample.text, grown, seq.params.stop_strings)
+        if hit is None:
+            return finish
+        stop, at = hit
+        sample.text = sample.text[:at]
+        # The token that hit max_tokens may also complete a stop string; like vLLM, report the stop.
+        return finish if finish is not None and finish.reason == "stop" else Finish(seq, "stop", stop)
+
+    def _detokenize(self, seq: Sequence, sample: _SampleOutput, flush: bool) -> int:
+        """Decode only a short window, so a step costs O(1) in output length; returns how many characters the
+        window grew by (where a new stop string can end)."""
+        ids = seq.output_token_ids
+        before = self.tokenizer.decode(ids[sample.prefix:sample.read])
+        after = self.tokenizer.decode(ids[sample.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):  # wait for the rest of a split character
+            sample.text += after[len(before):]
+            sample.prefix, sample.read = sample.read, len(ids)
+        if flush:  # nothing more will come: flush what a split character held back
+            sample.text = self.tokenizer.decode(ids)
+        return len(after) - len(before)
+
+    # ---- outputs -------------------------------------------------------------------------------------------
+    def outputs(self) -> list[RequestOutput]:
+        """The cumulative output of every request the last steps touched; finished requests are then forgotten."""
+        touched, self._touched = list(self._touched), {}
+        return [self._output(request_id) for request_id in touched]
+
+    def _output(self, request_id: str) -> RequestOutput:
+        req = self.requests[request_id]
+        finished = all(s.is_finished for s in req.seqs)
+        out = RequestOutput(request_id, req.prompt, req.prompt_token_ids, [self._completion(s) for s in req.seqs],
+                            req.seqs[0].num_cached_tokens, req.seed, self.fingerprint(), finished)
+        if finished:
+            self.forget(request_id)
+        return out
+
+    def _completion(self, seq: Sequence) -> CompletionOutput:
+        sample = self.samples[seq.seq_id]
+        want = seq.params.logprobs is not None
+        return CompletionOutput(
+            index=seq.sample_index, text=sample.text, token_ids=seq.output_token_ids,
+            logprobs=list(sample.logprobs) if want else None,
+            top_logprobs=list(sample.top_logprobs) if want else None,
+            cumulative_logprob=float(sum(sample.logprobs)), finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason)

@@ -1,0 +1,67 @@
+"""The output processor: every stop rule in one place, with the precedence the engine reports (torch-free)."""
+import pytest
+
+from samebits.engine.output_processor import OutputProcessor
+from samebits.engine.outputs import StepResult
+from samebits.engine.sampling_params import SamplingParams
+from samebits.engine.scheduler import ScheduledSeq, SchedulerOutput
+from samebits.engine.sequence import Sequence
+
+EOS = 0
+
+
+class LetterTokenizer:
+    @staticmethod
+    def decode(ids):
+        return "".join(chr(ord("A") + t) for t in ids)
+
+
+def feed(tokens, max_model_len=64, **params):
+    """Sample `tokens` one step at a time into a fresh request; returns the decisions of the last step."""
+    proc = OutputProcessor(LetterTokenizer(), {EOS}, max_model_len)
+    seq = Sequence("r", [1, 2], SamplingParams(**params))
+    proc.add_request("r", None, [1, 2], 7, [seq])
+    finished = []
+    for t in tokens:
+        assert not finished, "a finished sequence got another token"
+        out = SchedulerOutput([ScheduledSeq(seq, 1, True, seq.num_tokens - 1)])
+        finished = proc.process(out, {seq.seq_id: StepResult(t, -0.5, {})})
+    return proc, seq, finished
+
+
+@pytest.mark.parametrize("tokens, params, want", [
+    ([3, 4, EOS], {}, ("stop", None)),
+    ([3, 4, EOS], {"ignore_eos": True, "max_tokens": 3}, ("length", None)),
+    ([3, 9], {"stop_token_ids": [9]}, ("stop", 9)),
+    ([3, 4, 5], {"stop": ["EF"]}, ("stop", "EF")),
+    ([3, 4], {"max_tokens": 2}, ("length", None)),
+    ([3, 4], {"max_tokens": 2, "stop": ["DE"]}, ("stop", "DE")),  # the last allowed token completes a stop: stop
+    ([3, 4], {"max_tokens": 9}, None),
+])
+def test_every_stop_rule(tokens, params, want):
+    _, seq, finished = feed(tokens, **params)
+    assert [(f.reason, f.stop_reason) for f in finished] == ([want] if want else [])
+    assert all(f.seq is seq for f in finished)
+
+
+def test_context_limit_is_a_length_stop():
+    _, seq, finished = feed([3, 4], max_model_len=4, max_tokens=9)
+    assert [(f.reason, f.stop_reason) for f in finished] == [("length", None)] and seq.num_tokens == 4
+
+
+def test_stop_string_truncates_the_text_and_outputs_are_cumulative():
+    proc, seq, finished = feed([3, 4, 5], stop=["F"])
+    assert [(f.reason, f.stop_reason) for f in finished] == [("stop", "F")]
+    assert proc.samples[seq.seq_id].text == "DE" and seq.output_token_ids == [3, 4, 5]
+    (out,) = proc.outputs()
+    c = out.outputs[0]
+    assert (c.text, c.token_ids, c.logprobs, c.cumulative_logprob) == ("DE", [3, 4, 5], None, -1.5)
+
+
+def test_a_sampled_chunk_without_a_draw_is_refused():
+    proc = OutputProcessor(LetterTokenizer(), {EOS}, 64)
+    seq = Sequence("r", [1, 2])
+    proc.add_request("r", None, [1, 2], 7, [seq])
+    with pytest.raises(ValueError, match="no sampled token"):
+        proc.process(SchedulerOutput([ScheduledSeq(seq, 2, True, 0)]), {})
+    assert proc.process(SchedulerOutput([ScheduledSeq(seq, 1, False, 0)]), {}) == []
