@@ -1,0 +1,52 @@
+"""Serve random weights of a benchmark shape over HTTP until interrupted, for `samebits check` on the GPU:
+
+    python benchmarks/serve_random.py --random-shape 8b --mode deterministic --port 8000
+    python -m samebits.diagnostics.check http://127.0.0.1:8000 --model bench --json r.json --html r.html
+
+The model is built as benchmarks/server.py builds it (random N(0, 0.02) weights, the tiny test tokenizer), since an
+8B checkpoint is too large to write for a test; the server is `samebits serve`'s app on uvicorn.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from server import SERVED_NAME, SHAPES, random_loaded  # noqa: E402 - benchmarks/server.py, found via sys.path
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--random-shape", choices=sorted(SHAPES), required=True)
+    p.add_argument("--mode", default="deterministic", choices=("deterministic", "fast"))
+    p.add_argument("--device", default=None)
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    args = p.parse_args(argv)
+
+    import uvicorn
+
+    from samebits.engine.async_engine import AsyncEngine
+    from samebits.engine.config import EngineConfig
+    from samebits.engine.llm_engine import LLMEngine
+    from samebits.server.app import build_app
+    from samebits.server.config import ServerConfig
+    from samebits.server.serve import template, uvicorn_config
+
+    config = ServerConfig(model=SERVED_NAME, port=args.port, mode=args.mode, max_num_seqs=args.max_num_seqs,
+                          max_num_batched_tokens=args.max_num_batched_tokens, log_level="warning")
+    with template(config):
+        loaded = random_loaded(args.random_shape, args.mode, args.device, None)
+        engine = LLMEngine(EngineConfig(model=f"random-{args.random_shape}", mode=args.mode, device=args.device,
+                                        max_num_seqs=args.max_num_seqs,
+                                        max_num_batched_tokens=args.max_num_batched_tokens), loaded=loaded)
+        app = build_app(AsyncEngine(engine, max_waiting=config.max_waiting), config)
+        uvicorn.Server(uvicorn_config(app, config)).run()
+
+
+if __name__ == "__main__":
+    main()
