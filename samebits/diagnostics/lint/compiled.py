@@ -18,11 +18,13 @@ from samebits.diagnostics.lint.names import PTX_FLOAT_ATOMIC, SASS_FLOAT_ATOMIC,
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 _PTX_ENTRY = re.compile(r"\.entry\s+([\w$.]+)")
 _SASS_FUNCTION = re.compile(r"Function\s*:\s*([\w$.]+)")
+_NAME_COMMENT = re.compile(r"(^|\s)#.*")  # in a name list; `{lambda(float)#1}` in a demangled name is no comment
 DISASSEMBLERS = (("cuobjdump", "-sass"), ("nvdisasm", "-c"))
 
 
 def check_text(path: str, text: str) -> list[Finding]:
-    """Float atomics and split-K kernels in PTX or SASS; a file of neither is read as one kernel name per line."""
+    """Float atomics and split-K kernels in PTX or SASS; a file of neither is read as one kernel name per line
+    (as a profiler lists them)."""
     lines = _strip_comments(text).splitlines()
     is_asm = any(_PTX_ENTRY.search(ln) or _SASS_FUNCTION.search(ln) or ".version" in ln for ln in lines)
     out = []
@@ -45,7 +47,7 @@ def _kernel_name(line: str, is_asm: bool) -> str | None:
     m = _PTX_ENTRY.search(line) or _SASS_FUNCTION.search(line)
     if m:
         return m.group(1)
-    return None if is_asm else line.strip() or None
+    return None if is_asm else _NAME_COMMENT.sub("", line).strip() or None
 
 
 def disassemble(path: Path) -> tuple[str | None, str]:

@@ -136,7 +136,7 @@ def _inline_ptx(toks: list[Token]) -> Iterator[Hit]:
             j += 1
         if j < len(toks) and toks[j].text == "(":
             end = _closing(toks, j)
-            text = "".join(s.text for s in toks[j:end] if s.kind == "string")
+            text = " ".join(s.text for s in toks[j:end] if s.kind == "string")
             m = PTX_FLOAT_ATOMIC.search(text)
             if m:
                 yield Hit("SB102", t.line, t.col, f"inline PTX `{m.group()}`", _line(toks, end))
@@ -200,6 +200,7 @@ def _sm_count_grids(toks: list[Token]) -> Iterator[Hit]:
         what = _sm_sink(s, taint)
         if what:
             yield Hit("SB103", s[0].line, s[0].col, f"{what} derived from the SM count or occupancy", s[-1].line)
+            taint -= set(_assigned(s))  # reported where derived: its launch is not reported again
 
 
 def _splits_from_batch(toks: list[Token]) -> Iterator[Hit]:

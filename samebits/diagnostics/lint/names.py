@@ -8,8 +8,9 @@ SPLIT = re.compile(r"split", re.IGNORECASE)
 SM_NAME = re.compile(r"^(num_?sms?|n_?sms?|sm_?count|nsms?|multi_?processor_?count|get_?num_?sms|get_?sm_?count|"
                      r"get_?multi_?processor_?count|cudaDevAttrMultiProcessorCount|"
                      r"CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT|cu(da)?Occupancy\w+)$", re.IGNORECASE)
-GRID_TARGET = re.compile(r"grid|split|num_?blocks|num_?programs|num_?ctas|n_?blocks", re.IGNORECASE)
+GRID_TARGET = re.compile(r"grid|split|blocks|programs|ctas|waves", re.IGNORECASE)
 # Float atomics in PTX (atom.global.add.f32, red.shared.add.noftz.bf16x2) and SASS (RED.E.ADD.F32.FTZ.RN).
 PTX_FLOAT_ATOMIC = re.compile(r"\b(atom|red)(\.\w+)*\.(f16|bf16|f32|f64)(x2)?\b")
 SASS_FLOAT_ATOMIC = re.compile(r"\b(RED|ATOM|ATOMG|ATOMS)(\.\w+)*\.(F16|BF16|F32|F64)(x2|X2|_V2)?\b")
-SPLIT_K_KERNEL = re.compile(r"split_?k", re.IGNORECASE)
+# cuBLAS splitKreduce_kernel, cutlass *_splitk / ReduceSplitK, flash-attn splitkv, stream-K and segment-K kernels.
+SPLIT_K_KERNEL = re.compile(r"split_?k|stream_?k|segment_k_on", re.IGNORECASE)

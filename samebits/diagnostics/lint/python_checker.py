@@ -259,15 +259,17 @@ def _sm_count_grids(mod: _Module) -> Iterator[Hit]:
     for scope in [mod.tree, *_functions(mod.tree)]:
         nodes = list(_scope_nodes(scope))
         taint = _sm_taint(nodes)
-        for n in nodes:
-            if isinstance(n, ast.Call) and mod.qualname(n.func).split(".")[-1] in {"range", "static_range"}:
+        for n in sorted((n for n in nodes if isinstance(n, ast.Assign)), key=lambda n: n.lineno):
+            if _tainted(n.value, taint) and any(isinstance(t, ast.Name) and GRID_TARGET.search(t.id)
+                                                for t in n.targets):
+                yield _hit("SB204", n, "grid or split derived from the SM count")
+                taint -= {t.id for t in n.targets if isinstance(t, ast.Name)}  # its launch is not reported again
+        for n in (n for n in nodes if isinstance(n, ast.Call)):
+            if mod.qualname(n.func).split(".")[-1] in {"range", "static_range"}:
                 if any(_tainted(a, taint) for a in n.args):
                     yield _hit("SB204", n, "loop bound derived from the SM count")
-            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript) and _tainted(n.func.slice, taint):
+            elif isinstance(n.func, ast.Subscript) and _tainted(n.func.slice, taint):
                 yield _hit("SB204", n, "launch grid derived from the SM count")
-            elif isinstance(n, ast.Assign) and _tainted(n.value, taint) and any(
-                    isinstance(t, ast.Name) and GRID_TARGET.search(t.id) for t in n.targets):
-                yield _hit("SB204", n, "grid or split derived from the SM count")
 
 
 # --- PyTorch --------------------------------------------------------------------------------------------------------

@@ -72,7 +72,8 @@ _TABLE = (
          "A float RED/ATOM in SASS is a float atomic in the shipped binary.",
          "Rebuild from a source without float atomics; integer RED/ATOM are fine."),
     Rule("SB403", "compiled-split-k-kernel", "compiled", True,
-         "A split-K kernel (cuBLAS splitKreduce, cutlass splitk) splits K by a heuristic of M, N and the GPU.",
+         "A split-K/split-KV/stream-K kernel (cuBLAS splitKreduce, cutlass splitk, flash splitkv) splits the "
+         "reduction by a heuristic of the batch shape and the GPU.",
          "Route the GEMM to a kernel without split-K (a fixed tile config, or cuBLASLt with no workspace)."),
 )
 

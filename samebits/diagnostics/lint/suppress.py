@@ -25,7 +25,10 @@ class Comment:
 
 def is_statement(text: str) -> bool:
     m = STATEMENT.search(text)
-    return bool(m) and len(re.findall(r"\w+", m.group("reason"))) >= MIN_REASON_WORDS
+    if not m:
+        return False
+    reason = re.split(r"(?:^|\s)(?:#|//)|\*/", m.group("reason"))[0]  # a second comment on the line is not the reason
+    return len(re.findall(r"\w+", reason)) >= MIN_REASON_WORDS
 
 
 def bare_markers(comments: list[Comment]) -> list[Comment]:

@@ -1,0 +1,16 @@
+void info() {
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    printf("SMs: %d\n", prop.multiProcessorCount);
+}
+
+void launch(const float* x, float* y, int n) {
+    int blocks = (n + 255) / 256;
+    k<<<blocks, 256>>>(x, y, n);
+    // k<<<prop.multiProcessorCount, 128>>>(x, y, n);
+    const char* doc = "grid = multiProcessorCount";
+}
+
+__global__ void k(const float* x, float* y, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) y[i] = x[i];
+}
