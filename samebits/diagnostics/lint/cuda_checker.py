@@ -11,7 +11,7 @@ from itertools import pairwise
 from samebits.diagnostics.lint.cuda_lexer import Token, code, comments, tokenize
 from samebits.diagnostics.lint.findings import Finding
 from samebits.diagnostics.lint.hits import Hit, findings
-from samebits.diagnostics.lint.names import BATCH, GRID_TARGET, PTX_FLOAT_ATOMIC, SM_NAME, SPLIT
+from samebits.diagnostics.lint.names import BATCH, GRID_TARGET, PTX_FLOAT_ATOMIC, SM_API, SM_NAME, SPLIT
 
 ATOMIC_ADDS = {"atomicAdd", "atomicAdd_block", "atomicAdd_system", "gpuAtomicAdd", "gpuAtomicAddNoReturn",
                "fastAtomicAdd", "unsafeAtomicAdd"}
@@ -23,6 +23,7 @@ INT_TYPES = {"int", "unsigned", "long", "short", "char", "size_t", "int32_t", "i
              "index_t", "bool", "int8_t", "uint8_t", "uint16_t", "int16_t"}
 QUALIFIERS = {"const", "volatile", "__restrict__", "restrict", "*", "&", "__shared__", "static", "register"}
 ASM = {"asm", "__asm__", "__asm"}
+CALL_AFTER = {"return", "else", "do", "case", "co_return", "throw"}  # keywords after which a name is called
 ASSIGN_OPS = {"=", "+=", "-=", "*=", "/=", "%=", "<<=", ">>=", "|=", "&=", "^="}
 
 
@@ -117,10 +118,15 @@ def _atomic_is_float(args: list[list[Token]], decls, at: int) -> bool:
     return bool(kind)
 
 
+def _declares(toks: list[Token], i: int) -> bool:
+    """`float atomicAdd(float* p, float v)`: a type before the name makes it the function's declaration, not a call."""
+    return i > 0 and toks[i - 1].kind == "ident" and toks[i - 1].text not in CALL_AFTER
+
+
 def _float_atomic_adds(toks: list[Token]) -> Iterator[Hit]:
     decls = _declarations(toks)
     for i, t in enumerate(toks[:-1]):
-        if t.kind == "ident" and t.text in ATOMIC_ADDS and toks[i + 1].text == "(":
+        if t.kind == "ident" and t.text in ATOMIC_ADDS and toks[i + 1].text == "(" and not _declares(toks, i):
             end = _closing(toks, i + 1)
             args = _split_args(toks[i + 2:end])
             if _atomic_is_float(args, decls, i):
@@ -142,18 +148,23 @@ def _inline_ptx(toks: list[Token]) -> Iterator[Hit]:
                 yield Hit("SB102", t.line, t.col, f"inline PTX `{m.group()}`", _line(toks, end))
 
 
-def _statements(toks: list[Token]) -> list[list[Token]]:
-    """Token runs between `;`, `{` and `}` outside parentheses (a `for` header stays whole)."""
-    out, cur, depth = [], [], 0
+def _statements(toks: list[Token]) -> list[list[list[Token]]]:
+    """Per top-level block (a function, mostly), its token runs between `;`, `{` and `}` outside parentheses (a `for`
+    header stays whole)."""
+    scopes, out, cur, depth, braces = [], [], [], 0, 0
     for t in toks:
         depth += (t.text == "(") - (t.text == ")")
         if depth == 0 and t.text in (";", "{", "}") and t.kind == "punct":
             if cur:
                 out.append(cur)
             cur = []
+            braces += (t.text == "{") - (t.text == "}")
+            if t.text == "}" and braces <= 0:
+                scopes.append(out)
+                out, braces = [], 0
         else:
             cur.append(t)
-    return out + ([cur] if cur else [])
+    return [*scopes, out + ([cur] if cur else [])]
 
 
 def _is_sm(t: Token, taint: set[str]) -> bool:
@@ -161,9 +172,11 @@ def _is_sm(t: Token, taint: set[str]) -> bool:
 
 
 def _assigned(stmt: list[Token]) -> list[str]:
-    """Names a statement writes: `x = ...`, `x += ...`, and out-parameters `&x`."""
+    """Names a statement writes: `x = ...`, `x += ...`, and the out-parameter `&x` of an SM-count or occupancy API."""
     out = [a.text for a, b in pairwise(stmt) if a.kind == "ident" and b.text in ASSIGN_OPS]
-    return out + [b.text for a, b in pairwise(stmt) if a.text == "&" and b.kind == "ident"]
+    if any(t.kind == "ident" and SM_API.match(t.text) for t in stmt):
+        out += [b.text for a, b in pairwise(stmt) if a.text == "&" and b.kind == "ident"]
+    return out
 
 
 def _sm_taint(stmts: list[list[Token]]) -> set[str]:
@@ -194,17 +207,17 @@ def _sm_sink(stmt: list[Token], taint: set[str]) -> str | None:
 
 
 def _sm_count_grids(toks: list[Token]) -> Iterator[Hit]:
-    stmts = _statements(toks)
-    taint = _sm_taint(stmts)
-    for s in stmts:
-        what = _sm_sink(s, taint)
-        if what:
-            yield Hit("SB103", s[0].line, s[0].col, f"{what} derived from the SM count or occupancy", s[-1].line)
-            taint -= set(_assigned(s))  # reported where derived: its launch is not reported again
+    for stmts in _statements(toks):
+        taint = _sm_taint(stmts)
+        for s in stmts:
+            what = _sm_sink(s, taint)
+            if what:
+                yield Hit("SB103", s[0].line, s[0].col, f"{what} derived from the SM count or occupancy", s[-1].line)
+                taint -= set(_assigned(s))  # reported where derived: its launch is not reported again
 
 
 def _splits_from_batch(toks: list[Token]) -> Iterator[Hit]:
-    for s in _statements(toks):
+    for s in (s for stmts in _statements(toks) for s in stmts):
         texts = [t.text for t in s]
         if "=" not in texts or texts[0] == "for":
             continue

@@ -15,10 +15,9 @@ from samebits.diagnostics.lint.suppress import Comment
 REDUCING = {"dot", "sum", "reduce", "cumsum", "cumprod", "associative_scan", "dot_scaled", "xor_sum"}
 TRITON_ATOMICS = {"atomic_add": 1, "atomic_xchg": 1, "atomic_cas": 2}  # op -> position of the stored value
 INT_DTYPES = re.compile(r"\b(u?int(8|16|32|64)|bool|int1)\b")
-RNG_FUNCS = {"multinomial", "bernoulli", "rand", "randn", "randint", "randperm", "rand_like", "randn_like",
-             "randint_like", "normal", "poisson"}
-RNG_METHODS = {"multinomial", "bernoulli_", "exponential_", "uniform_", "normal_", "geometric_", "cauchy_",
-               "log_normal_", "random_"}
+# Sampling draws only: randn/rand/randint make test data and weights far more often than they pick tokens.
+RNG_FUNCS = {"multinomial", "bernoulli", "poisson"}
+RNG_METHODS = {"multinomial", "bernoulli", "bernoulli_", "exponential_", "geometric_"}
 SEEDERS = {"torch.manual_seed", "torch.random.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all"}
 REDUCED_FLAGS = {"allow_tf32", "allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction"}
 ENTRY_FLAGS = ("allow_bf16_reduced_precision_reduction", "cudnn.allow_tf32")
@@ -49,9 +48,10 @@ class _Module:
 
     def __init__(self, tree: ast.Module):
         self.tree = tree
+        self.nodes = list(ast.walk(tree))
         self.aliases: dict[str, str] = {}
         self.torch_imports: list[ast.stmt] = []
-        for node in ast.walk(tree):
+        for node in self.nodes:
             if isinstance(node, ast.Import):
                 for a in node.names:
                     self.aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
@@ -75,7 +75,7 @@ class _Module:
         return "?"
 
     def calls(self) -> Iterator[ast.Call]:
-        return (n for n in ast.walk(self.tree) if isinstance(n, ast.Call))
+        return (n for n in self.nodes if isinstance(n, ast.Call))
 
 
 def _hit(rule: str, node: ast.AST, message: str) -> Hit:
@@ -93,8 +93,8 @@ def _const(node: ast.AST | None):
     return node.value if isinstance(node, ast.Constant) else None
 
 
-def _functions(tree: ast.AST) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
-    return (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+def _functions(mod: _Module) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return (n for n in mod.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
 
 def _scope_nodes(scope: ast.AST) -> Iterator[ast.AST]:
@@ -122,8 +122,10 @@ def _is_triton_atomic(mod: _Module, call: ast.Call) -> str | None:
 
 
 def _int_names(mod: _Module, fn: ast.AST) -> set[str]:
-    """Names a function binds to integer-evident values, to a fixed point (x = 1; y = x * 2)."""
-    known: set[str] = set()
+    """Names a function binds to integer-evident values, to a fixed point (x = 1; y = x * 2); parameters annotated
+    with an integer type (`size: tl.uint64`) among them."""
+    args = fn.args.args if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+    known = {a.arg for a in args if a.annotation is not None and INT_DTYPES.search(mod.qualname(a.annotation))}
     assigns = [n for n in ast.walk(fn) if isinstance(n, ast.Assign)]
     changed = True
     while changed:
@@ -150,18 +152,53 @@ def _is_int(mod: _Module, node: ast.AST | None, known: set[str]) -> bool:
         name = mod.qualname(node.func)
         if name.endswith((".arange", ".program_id", ".num_programs")):
             return True
-        dtype = _arg(node, 0, "dtype") if name.endswith(".to") else next(
-            (k.value for k in node.keywords if k.arg == "dtype"), None)
+        dtype = _dtype_of(name, node)
         return dtype is not None and bool(INT_DTYPES.search(mod.qualname(dtype)))
     return False
 
 
+def _dtype_of(name: str, call: ast.Call) -> ast.expr | None:
+    """The dtype argument of x.to(dtype), tl.full(shape, value, dtype), tl.zeros(shape, dtype) and the like."""
+    if name.endswith(".to"):
+        return _arg(call, 0, "dtype")
+    if name.endswith(".full"):
+        return _arg(call, 2, "dtype")
+    if name.endswith((".zeros", ".ones", ".empty")):
+        return _arg(call, 1, "dtype")
+    return next((k.value for k in call.keywords if k.arg == "dtype"), None)
+
+
+def _float_names(mod: _Module, fn: ast.AST) -> set[str]:
+    known: set[str] = set()
+    for a in sorted((n for n in ast.walk(fn) if isinstance(n, ast.Assign)), key=lambda n: n.lineno):
+        if _is_float(mod, a.value, known):
+            known |= {t.id for t in a.targets if isinstance(t, ast.Name)}
+    return known
+
+
+def _is_float(mod: _Module, node: ast.AST | None, known: set[str]) -> bool:
+    """Float-evident: a float literal, a cast to a float dtype, a float tensor made in place, or an expression of
+    names bound to one."""
+    for n in ast.walk(node) if node is not None else ():
+        if isinstance(n, ast.Constant) and isinstance(n.value, float) or isinstance(n, ast.Name) and n.id in known:
+            return True
+        if isinstance(n, ast.Call):
+            dtype = _dtype_of(mod.qualname(n.func), n)
+            if dtype is not None and re.search(r"\b(b?float|fp)\d+", mod.qualname(dtype)):
+                return True
+    return False
+
+
 def _triton_atomics(mod: _Module) -> Iterator[Hit]:
-    for fn in [mod.tree, *_functions(mod.tree)]:
-        ints = _int_names(mod, fn)
-        for call in (n for n in _scope_nodes(fn) if isinstance(n, ast.Call)):
-            op = _is_triton_atomic(mod, call)
-            if op and not _is_int(mod, _arg(call, TRITON_ATOMICS[op], "val"), ints):
+    for fn in [mod.tree, *_functions(mod)]:
+        atomics = [(c, op) for c in _scope_nodes(fn) if isinstance(c, ast.Call) and (op := _is_triton_atomic(mod, c))]
+        ints = _int_names(mod, fn) if atomics else set()
+        floats = _float_names(mod, fn) if atomics else set()
+        for call, op in atomics:
+            value = _arg(call, TRITON_ATOMICS[op], "val")
+            # An add of anything not known to be an integer accumulates; xchg/cas mostly move flags, so only a
+            # value known to be a float counts there.
+            if _is_float(mod, value, floats) if op != "atomic_add" else not _is_int(mod, value, ints):
                 yield _hit("SB201", call, f"tl.{op} on a value not known to be an integer")
 
 
@@ -176,7 +213,7 @@ def _reduces(fn: ast.AST) -> bool:
 
 
 def _autotune_keys(mod: _Module) -> Iterator[Hit]:
-    for fn in _functions(mod.tree):
+    for fn in _functions(mod):
         for dec in fn.decorator_list:
             if not (isinstance(dec, ast.Call) and mod.qualname(dec.func).endswith("autotune")):
                 continue
@@ -212,7 +249,7 @@ def _is_tensor_split(node: ast.AST) -> bool:
 
 def _split_bindings(mod: _Module) -> Iterator[tuple[str, ast.AST, ast.AST]]:
     """(name, value, node) for every binding of a split-named value: assignments, keywords, dict keys."""
-    for n in ast.walk(mod.tree):
+    for n in mod.nodes:
         if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
             for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
                 name = t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else ""
@@ -246,18 +283,26 @@ def _tainted(node: ast.AST, taint: set[str]) -> bool:
     return any(_is_sm_source(n) or isinstance(n, ast.Name) and n.id in taint for n in ast.walk(node))
 
 
+def _loads(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "load"
+               for n in ast.walk(node))
+
+
 def _sm_taint(nodes: list[ast.AST]) -> set[str]:
+    """Names computed from the SM count; a value loaded from memory is data, even at an address derived from it."""
     taint: set[str] = set()
     for _ in range(3):  # a chain of three assignments deep is as far as a grid computation goes in practice
         for a in nodes:
-            if isinstance(a, ast.Assign) and _tainted(a.value, taint):
+            if isinstance(a, ast.Assign) and _tainted(a.value, taint) and not _loads(a.value):
                 taint |= {n.id for t in a.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
     return taint
 
 
 def _sm_count_grids(mod: _Module) -> Iterator[Hit]:
-    for scope in [mod.tree, *_functions(mod.tree)]:
+    for scope in [mod.tree, *_functions(mod)]:
         nodes = list(_scope_nodes(scope))
+        if not any(_is_sm_source(n) for n in nodes):
+            continue
         taint = _sm_taint(nodes)
         for n in sorted((n for n in nodes if isinstance(n, ast.Assign)), key=lambda n: n.lineno):
             if _tainted(n.value, taint) and any(isinstance(t, ast.Name) and GRID_TARGET.search(t.id)
@@ -277,7 +322,7 @@ def _sm_count_grids(mod: _Module) -> Iterator[Hit]:
 def _no_grad_lines(mod: _Module) -> set[int]:
     """Lines inside `with torch.no_grad()/inference_mode()` or a function decorated with them: no backward there."""
     lines: set[int] = set()
-    for n in ast.walk(mod.tree):
+    for n in mod.nodes:
         ctx = [i.context_expr for i in n.items] if isinstance(n, ast.With) else \
             n.decorator_list if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
         if any(mod.qualname(c).removesuffix("()").endswith(("no_grad", "inference_mode")) for c in ctx):
@@ -324,7 +369,7 @@ def _main_guard(mod: _Module) -> ast.If | None:
 def _assigned_flags(mod: _Module) -> set[str]:
     """Dotted tails (`cudnn.allow_tf32`) of the backend flags the module sets to something other than True."""
     out = set()
-    for n in ast.walk(mod.tree):
+    for n in mod.nodes:
         if isinstance(n, ast.Assign) and _const(n.value) is not True:
             out |= {mod.qualname(t) for t in n.targets if isinstance(t, ast.Attribute)}
     return out
@@ -344,7 +389,7 @@ def _entry_points(mod: _Module) -> Iterator[Hit]:
 
 
 def _reduced_precision(mod: _Module) -> Iterator[Hit]:
-    for n in ast.walk(mod.tree):
+    for n in mod.nodes:
         if isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) for t in n.targets):
             attrs = [t.attr for t in n.targets if isinstance(t, ast.Attribute)]
             if (_const(n.value) is True and REDUCED_FLAGS & set(attrs)) or \
@@ -373,11 +418,14 @@ def _sets_cublas(mod: _Module, n: ast.AST) -> bool:
 def _cublas_env(mod: _Module) -> Iterator[Hit]:
     if not mod.torch_imports:
         return
+    sets = [n for n in mod.nodes if _sets_cublas(mod, n)]
+    if not sets:
+        return
     top_level = any(n in mod.tree.body for n in mod.torch_imports)
     first = min(n.lineno for n in mod.torch_imports)
-    in_functions = {id(x) for f in _functions(mod.tree) for x in ast.walk(f)}
-    for n in ast.walk(mod.tree):
-        if _sets_cublas(mod, n) and (n.lineno > first or top_level and id(n) in in_functions):
+    in_functions = {id(x) for f in _functions(mod) for x in ast.walk(f)}
+    for n in sets:
+        if n.lineno > first or top_level and id(n) in in_functions:
             yield _hit("SB305", n, f"{CUBLAS} set after torch is imported (line {first})")
 
 

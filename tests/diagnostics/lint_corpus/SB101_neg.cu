@@ -11,6 +11,9 @@ __global__ void hist(int* bins, unsigned long long* total, const int* x, float* 
     out[i] = 1.0f;
 }
 
+__device__ float atomicAdd(float* address, float val);
+__device__ inline double atomicAdd_system(double* address, double val) { return 0.0; }
+
 __global__ void ordered(const float* partial, float* out, int n_parts) {
     float acc = 0.f;
     for (int j = 0; j < n_parts; ++j) acc += partial[j];

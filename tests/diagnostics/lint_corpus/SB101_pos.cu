@@ -19,4 +19,5 @@ __global__ void bf(__nv_bfloat162* acc, __nv_bfloat162 v, float scale) {
     atomicAdd(acc,  // expect: SB101
               v);
     atomicAdd(&unknown_buffer[3], scale);  // expect: SB101
+    if (scale > 0) return ::atomicAdd(&unknown_buffer[4], scale);  // expect: SB101
 }

@@ -18,3 +18,11 @@ def counters(lock_ptr, count_ptr, x_ptr, out_ptr):
     tl.atomic_min(out_ptr, tl.load(x_ptr))
     # tl.atomic_add(out_ptr, 1.0)
     s = "tl.atomic_add(out_ptr, 1.0)"
+
+
+@triton.jit
+def reserve(offset_ptr, flag_ptr, value, size: tl.uint64):
+    record = size + 1
+    tl.atomic_add(offset_ptr, record, sem="relaxed")
+    tl.atomic_xchg(flag_ptr, tl.full([], 1, tl.uint64), sem="release")
+    tl.atomic_xchg(flag_ptr, value)  # an unknown value moved by xchg/cas is a flag more often than a sum

@@ -13,3 +13,5 @@ def splitk(a_ptr, c_ptr, n):
     tl.atomic_add(c_ptr, val=acc * 2, mask=n > 0)  # expect: SB201
     tl.atomic_add(c_ptr,  # expect: SB201
                   tl.sum(acc, axis=0))
+    tl.atomic_add(c_ptr, tl.load(a_ptr))  # expect: SB201
+    tl.atomic_xchg(c_ptr, tl.load(a_ptr).to(tl.float16))  # expect: SB201

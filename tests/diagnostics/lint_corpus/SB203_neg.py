@@ -10,4 +10,5 @@ def launch(x, meta, cfg, kernel):
     splits = torch.split(x, M)
     kernel[(M,)](x, SPLIT_K=cfg["split"])
     parts = x.split(M)
-    return split_k, n_split_grid, splits, parts
+    out_split_k = matmul_split_k(x, b)  # `b` is the second operand here, not a batch
+    return split_k, n_split_grid, splits, parts, out_split_k

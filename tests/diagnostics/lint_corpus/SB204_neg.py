@@ -17,3 +17,11 @@ def launch(x, kernel):
     for i in range(x.shape[1]):
         pass
     kernel[grid](x)
+
+
+@triton.jit
+def persistent_offsets(offsets_ptr, NUM_SMS: tl.constexpr):
+    tile = tl.program_id(0) * NUM_SMS
+    start = tl.load(offsets_ptr + tile)  # data at an SM-derived address is data, not a count
+    for i in range(0, start, 16):
+        pass
