@@ -200,9 +200,11 @@ def _sm_sink(stmt: list[Token], taint: set[str]) -> str | None:
         return "loop bound"
     if "dim3" in texts:
         return "grid (dim3)"
-    lhs = texts[:texts.index("=")] if "=" in texts else []
-    if any(GRID_TARGET.search(n) for n in lhs):
-        return f"`{lhs[-1]}`"
+    if "=" not in texts:
+        return None
+    eq = texts.index("=")
+    if any(GRID_TARGET.search(n) for n in texts[:eq]) and any(_is_sm(t, taint) for t in stmt[eq + 1:]):
+        return f"`{texts[eq - 1]}`"
     return None
 
 

@@ -21,3 +21,8 @@ void launch(const float* x, float* y, int n) {
 __global__ void k(const float* x, float* y, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) y[i] = x[i];
 }
+
+void reduce_config(int n) {
+    int ctas_per_output = 1;  // the name is tainted below, but this value is a constant
+    if (n > 4096) ctas_per_output = n / 4096;
+}

@@ -15,3 +15,9 @@ void launch(const float* x, float* y, int n) {
     int waves = per_sm * num_sms;  // expect: SB103
     splitk_kernel<<<dim3(waves), 128>>>(x, y, n);
 }
+
+void reduce_config(int n, const cudaDeviceProp* prop) {
+    int ctas_per_output = 1;
+    const int target_grid_size = prop->multiProcessorCount * 2;  // expect: SB103
+    ctas_per_output = (target_grid_size + n - 1) / n;
+}
