@@ -29,6 +29,8 @@ def test_exit_codes():
     assert code == 2 and "no such file" in err
     assert lint([CORPUS], fmt="xml")[0] == 2
     assert lint([])[0] == 2
+    code, _, err = lint([CORPUS / "SB401_pos.ptx"])
+    assert code == 2 and "--compiled" in err
 
 
 def test_directories_are_walked_for_sources_only(tmp_path):

@@ -41,11 +41,14 @@ ARGS = (
 
 
 def iter_sources(paths: list[Path]) -> Iterator[Path]:
-    """Source files under `paths`, in sorted order; FileNotFoundError for a path that does not exist."""
+    """Source files under `paths`, in sorted order; FileNotFoundError for a path that does not exist, ValueError for a
+    file named on its own that is no source (PTX, SASS and name lists go through --compiled)."""
     for p in paths:
         if not p.exists():
             raise FileNotFoundError(f"no such file or directory: {p}")
         if p.is_file():
+            if p.suffix not in PYTHON + CUDA:
+                raise ValueError(f"{p}: not a Python or CUDA source; give compiled kernels with --compiled")
             yield p
             continue
         for f in sorted(p.rglob("*")):
@@ -80,8 +83,10 @@ def lint(paths: list[Path], compiled: list[Path] = (), triton: list[str] = ()) -
 
 
 def run(paths: list[Path], compiled: list[Path] = (), triton: list[str] = (), fmt: str = "text",
-        out=sys.stdout, err=sys.stderr) -> int:
-    """Lint, write the report in `fmt` to `out` and notes to `err`; 0 clean, 1 findings, 2 bad input."""
+        out=None, err=None) -> int:
+    """Lint, write the report in `fmt` to `out` and notes to `err` (stdout and stderr as they are at the call, which a
+    test runner may have swapped); 0 clean, 1 findings, 2 bad input."""
+    out, err = out or sys.stdout, err or sys.stderr
     if fmt not in FORMATS:
         print(f"error: unknown format {fmt!r}; use {', '.join(FORMATS)}", file=err)
         return EXIT_USAGE
