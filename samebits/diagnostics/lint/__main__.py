@@ -1,0 +1,5 @@
+import sys
+
+from samebits.diagnostics.lint.cli import main
+
+sys.exit(main())
