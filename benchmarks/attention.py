@@ -124,7 +124,7 @@ VARIANTS = [  # (query rows, KV tile, split tokens, num_stages, num_warps): the 
 
 def apply_variant(rows: int, kv_tile: int, split: int, stages: int, warps: int) -> None:
     """Benchmark-only: patch the Triton launcher's constants (the committed values live in kernels/configs.py)."""
-    from samebits.kernels import attention_triton as at
+    from samebits.kernels.triton import attention as at
 
     at.BLOCK_M, at.BLOCK_N, at.SPLIT, at.NUM_STAGES, at.NUM_WARPS = rows, kv_tile, split, stages, warps
 
@@ -167,7 +167,7 @@ def main() -> None:
     batches = (1, 16, 256) if args.quick else (1, 8, 32, 64, 128, 256)
     contexts = (512, 4096, 32768) if args.quick else (512, 2048, 8192, 32768)
     rows: list[dict] = []
-    from samebits.kernels import attention_triton as at
+    from samebits.kernels.triton import attention as at
 
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "heads": [HQ, HKV, D], "page": BS, "rows": rows,

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 import samebits.kernels as K
-import samebits.kernels.matmul as tm
+import samebits.kernels.triton.matmul as tm
 
 KDIM = 4096
 MM_M = [1, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 4096, 8192]
@@ -219,7 +219,7 @@ def _sweep():
 
 def _softmax_sweep():
     # BLOCK and warps of the one-row-per-program softmax (each changes bits, none changes invariance).
-    import samebits.kernels.softmax as ts
+    import samebits.kernels.triton.softmax as ts
 
     out = []
     v = 128256

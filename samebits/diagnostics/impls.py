@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from samebits.arith import cdiv
+
 
 class NotBuilt(Exception):
     """The samebits registry lacks an op a probe needs (the kernels are still landing)."""
@@ -113,7 +115,7 @@ def _block_tables(k, ops):
     import torch
 
     b, n_tok = k.shape[0], k.shape[2]
-    per_seq = -(-n_tok // ops.block_size)
+    per_seq = cdiv(n_tok, ops.block_size)
     return torch.arange(b * per_seq, dtype=torch.int32, device=k.device).view(b, per_seq)
 
 

@@ -20,12 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
+from samebits.arith import cdiv
 from samebits.kernels.configs import TILE_CONFIGS
 
 QUERY_ROWS = TILE_CONFIGS["attention.query_tile"]["config"]["rows"]
-KV_TILE = TILE_CONFIGS["attention.kv_tile"]["config"]["tokens"]
-SPLIT_TOKENS = TILE_CONFIGS["attention.split_kv"]["config"]["tokens"]
-TRITON_HEAD_DIMS = (64, 128)
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -77,71 +75,65 @@ def _check_lens(query_lens, context_lens, tables, block_size) -> None:
         if not 0 <= q_len <= ctx:
             raise ValueError(f"AttentionMetadata.build: sequence {b} has query_len {q_len} > context_len {ctx}")
         if len(table) * block_size < ctx:
-            raise ValueError(f"AttentionMetadata.build: sequence {b} needs {-(-ctx // block_size)} blocks of "
+            raise ValueError(f"AttentionMetadata.build: sequence {b} needs {cdiv(ctx, block_size)} blocks of "
                              f"{block_size} for {ctx} tokens, block table has {len(table)}")
 
 
-def _fail(why: str, q, k_cache, deterministic: bool = True) -> None:
-    mode = "deterministic" if deterministic else "fast"
+def fail(why: str, q, k_cache, mode: str) -> None:
     raise AttentionUnsupported(
         f"paged_attention ({mode}): {why}; q {tuple(q.shape)} {q.dtype} on {q.device}, "
         f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} on {k_cache.device}")
 
 
-def _check(q, k_cache, v_cache, meta, deterministic: bool) -> None:
-    def fail(why: str) -> None:
-        _fail(why, q, k_cache, deterministic)
+def check(q, k_cache, v_cache, meta, mode: str, head_dims: tuple[int, ...] | None = None) -> None:
+    """The checks every backend's attention runs first; `head_dims`: the only head dims a backend has tiles for."""
+    def bad(why: str) -> None:
+        fail(why, q, k_cache, mode)
 
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        fail("q must be [T, Hq, D] and both caches [NB, BS, Hkv, D]")
+        bad("q must be [T, Hq, D] and both caches [NB, BS, Hkv, D]")
     if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2]:
-        fail("head dims differ or Hq is not a multiple of Hkv")
+        bad("head dims differ or Hq is not a multiple of Hkv")
     if q.dtype not in _DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        fail(f"q and caches must share one dtype of {_DTYPES}")
+        bad(f"q and caches must share one dtype of {_DTYPES}")
     if q.device != k_cache.device or q.device.type not in ("cpu", "cuda"):
-        fail("q and caches must be on one cpu or cuda device")
+        bad("q and caches must be on one cpu or cuda device")
     if q.shape[1] // k_cache.shape[2] > QUERY_ROWS:
-        fail(f"GQA group {q.shape[1] // k_cache.shape[2]} exceeds the {QUERY_ROWS}-row query tile")
-    if deterministic and q.is_cuda and q.shape[2] not in TRITON_HEAD_DIMS:
-        fail(f"head_dim {q.shape[2]} has no fixed Triton tile (supported: {TRITON_HEAD_DIMS})")
+        bad(f"GQA group {q.shape[1] // k_cache.shape[2]} exceeds the {QUERY_ROWS}-row query tile")
+    if head_dims and q.shape[2] not in head_dims:
+        bad(f"head_dim {q.shape[2]} has no fixed Triton tile (supported: {head_dims})")
     if meta.cu_seqlens_q.shape[0] != meta.num_seqs + 1:
-        fail("cu_seqlens_q must have B + 1 entries")
+        bad("cu_seqlens_q must have B + 1 entries")
+
+
+def run_checked(kernel, mode: str, q, k_cache, v_cache, meta, scale: float,
+                head_dims: tuple[int, ...] | None = None) -> torch.Tensor:
+    """A backend's attention op: the checks, then kernel(q, k_cache, v_cache, meta, scale) unless T == 0."""
+    check(q, k_cache, v_cache, meta, mode, head_dims)
+    if q.shape[0] == 0:
+        return torch.empty_like(q)
+    return kernel(q, k_cache, v_cache, meta, scale)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float, deterministic: bool = True) -> torch.Tensor:
-    """q [T, Hq, D] -> [T, Hq, D] in q.dtype; caches [NB, BS, Hkv, D] already hold the new tokens' K/V."""
-    _check(q, k_cache, v_cache, meta, deterministic)
-    if q.shape[0] == 0:
-        return torch.empty_like(q)
-    if q.is_cuda and not deterministic and q.shape[2] not in TRITON_HEAD_DIMS:
-        return paged_attention_sdpa(q, k_cache, v_cache, meta, scale)  # fast mode may use a batch-variant path
-    if q.is_cuda or _force_triton():
-        # Fast mode on CUDA runs the same kernel: it is already at least as fast as the per-sequence SDPA fallback.
-        from samebits.kernels import attention_triton
+    """q [T, Hq, D] -> [T, Hq, D] in q.dtype; caches [NB, BS, Hkv, D] already hold the new tokens' K/V.
 
-        return attention_triton.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=None)
-    if deterministic:
-        from samebits.kernels.cpu.attention import paged_attention_cpu
+    The `attention` op of get_ops(mode, q.device), for callers that hold no ops table (tests, diagnostics)."""
+    from samebits.kernels.ops import get_ops
 
-        return paged_attention_cpu(q, k_cache, v_cache, meta, scale)
-    return paged_attention_sdpa(q, k_cache, v_cache, meta, scale)
-
-
-def _force_triton() -> bool:
-    # Tests may run the Triton kernels on CPU tensors under TRITON_INTERPRET=1 through this switch.
-    import os
-
-    return os.environ.get("SAMEBITS_ATTENTION_TRITON") == "1"
+    mode = "deterministic" if deterministic else "fast"
+    check(q, k_cache, v_cache, meta, mode)  # names a wrong device before the table is asked for it
+    return get_ops(mode, q.device).attention(q, k_cache, v_cache, meta, scale)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Fast CPU path and the float64 reference.
+# Fast mode's per-sequence SDPA and the float64 reference.
 
 
 def _gather_seq(cache, table, ctx):
     _, bs, h, d = cache.shape
-    n_blocks = -(-ctx // bs)
+    n_blocks = cdiv(ctx, bs)
     return cache[table[:n_blocks].long()].reshape(n_blocks * bs, h, d)[:ctx]
 
 
@@ -181,10 +173,3 @@ def paged_attention_reference(q, k_cache, v_cache, meta: AttentionMetadata, scal
         return torch.einsum("hts,shd->thd", torch.softmax(s, -1), v.double())
 
     return _per_sequence(q.double(), k_cache.double(), v_cache.double(), meta, exact)
-
-
-def audit_specs() -> list[dict]:
-    """What tests/kernels/test_ptx_audit.py needs to compile each Triton kernel of this module for sm_90."""
-    from samebits.kernels import attention_triton
-
-    return attention_triton.audit_specs()

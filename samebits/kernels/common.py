@@ -1,4 +1,4 @@
-"""Shared guards and helpers of the deterministic kernels: fail-loud checks, shape arithmetic, lazy triton."""
+"""Shared guards of the deterministic backends (fail loud, never fall back) and small helpers of the kernels."""
 from __future__ import annotations
 
 import os
@@ -38,34 +38,42 @@ def check(cond: bool, op: str, msg: str) -> None:
         raise ValueError(f"samebits {op}: {msg}")
 
 
+def check_linear(x, weight, bias) -> None:
+    require("linear", x, weight, bias)
+    check(x.shape[-1] == weight.shape[-1] and weight.dim() == 2, "linear",
+          f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need x [..., K], weight [N, K]")
+    check(x.dtype == weight.dtype, "linear", f"x is {x.dtype}, weight is {weight.dtype}")
+
+
+def check_matmul(a, b) -> None:
+    require("matmul", a, b)
+    check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0], "matmul",
+          f"a {tuple(a.shape)} @ b {tuple(b.shape)}: need a [M, K], b [K, N]")
+    check(a.dtype == b.dtype, "matmul", f"a is {a.dtype}, b is {b.dtype}")
+
+
+def check_rms_norm(x, weight) -> None:
+    require("rms_norm", x, weight)
+    check(weight.shape == x.shape[-1:], "rms_norm", f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+
+
+def check_add_rms_norm(x, residual, weight) -> None:
+    require("add_rms_norm", x, residual, weight)
+    check(x.shape == residual.shape and x.dtype == residual.dtype, "add_rms_norm",
+          f"x {tuple(x.shape)} {x.dtype}, residual {tuple(residual.shape)} {residual.dtype}")
+
+
+def per_entry(matmul, a, b):
+    """a [B, M, K] @ b [B, K, N] -> [B, M, N] as one `matmul` per batch entry, so an entry never sees its batch."""
+    out = a.new_empty(a.shape[0], a.shape[1], b.shape[2])
+    for i in range(a.shape[0]):
+        out[i] = matmul(a[i], b[i])
+    return out
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def triton_path(x) -> bool:
-    """CUDA tensors go to Triton; CPU tensors go to the CPU path (Triton's interpreter is for tests only)."""
-    return x.device.type == "cuda"
-
-
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def callable_as_public(module_name: str, fn_name: str) -> None:
-    """Make module `samebits.kernels.<fn_name>` callable as the public function of the same name.
-
-    Importing a submodule rebinds the package attribute of that name to the module, so after
-    `import samebits.kernels.matmul` the name `samebits.kernels.matmul` is the module: calling it must still work.
-    """
-    import sys
-    import types
-
-    class _PublicModule(types.ModuleType):
-        def __call__(self, *args, **kwargs):
-            return sys.modules["samebits.kernels"]._PUBLIC[fn_name](*args, **kwargs)
-
-    sys.modules[module_name].__class__ = _PublicModule

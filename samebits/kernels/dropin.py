@@ -15,8 +15,8 @@ from contextlib import contextmanager
 import torch
 
 import samebits.kernels as K
-import samebits.kernels.cpu  # noqa: F401  (K.cpu)
 from samebits.kernels.common import DET_DTYPES, unsupported
+from samebits.kernels.cpu.backend import silu as cpu_silu
 
 _lock = threading.Lock()
 _state = {"depth": 0, "lib": None}
@@ -48,19 +48,13 @@ def _addmm(bias, a, b, beta=1, alpha=1):
 
 def _bmm(a, b):
     _float_only("bmm", a, b)
-    if a.device.type == "cpu":
-        return K.cpu.bmm(a, b)
-    # One invariant matmul per batch entry: a row never shares a launch with another entry's rows.
-    out = a.new_empty(a.shape[0], a.shape[1], b.shape[2])
-    for i in range(a.shape[0]):
-        out[i] = K.matmul(a[i], b[i])
-    return out
+    return K.get_ops("deterministic", a.device).bmm(a, b)
 
 
 def _silu(x):
-    # CPU only: torch's CPU silu gives a vector tail other bits than the vector body (see kernels/cpu/__init__.py).
+    # CPU only: torch's CPU silu gives a vector tail other bits than the vector body (see kernels/cpu/backend.py).
     _float_only("silu", x)
-    return K.cpu.silu(x)
+    return cpu_silu(x)
 
 
 def _softmax(x, dim, half_to_float):

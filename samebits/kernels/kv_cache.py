@@ -1,7 +1,8 @@
 """The paged KV store: per layer a K and a V cache of shape [NB, BS, Hkv, D], addressed by flat slot = block * BS + offset.
 
-Writing is a copy (no arithmetic), so it is batch-invariant by construction; the Triton kernel exists so the GPU path
-needs no index_copy_ (whose CUDA implementation may use atomics for duplicate indices).
+Writing is a copy (no arithmetic), so it is batch-invariant by construction. `write_kv` is the torch op of the CPU
+backends and the reference of the Triton kernel (triton/kv_write.py), which the GPU takes instead of index_copy_ (whose
+CUDA implementation may use atomics for duplicate indices).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def allocate_kv_cache(num_layers: int, num_blocks: int, block_size: int, num_kv_
             for _ in range(num_layers)]
 
 
-def _check(k, v, k_cache, v_cache, slot_mapping) -> None:
+def check(k, v, k_cache, v_cache, slot_mapping) -> None:
     what = f"write_kv(k {tuple(k.shape)} {k.dtype} on {k.device}, cache {tuple(k_cache.shape)} {k_cache.dtype})"
     if k.dim() != 3 or k.shape != v.shape:
         raise ValueError(f"{what}: k and v must both be [T, Hkv, D], got {tuple(k.shape)} and {tuple(v.shape)}")
@@ -32,24 +33,12 @@ def _check(k, v, k_cache, v_cache, slot_mapping) -> None:
         raise ValueError(f"{what}: caches must be contiguous")
 
 
-def write_kv_reference(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """Plain torch: slots < 0 are padding and are skipped."""
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store new keys/values [T, Hkv, D] at their slots, in place; slots < 0 are padding and are skipped."""
+    check(k, v, k_cache, v_cache, slot_mapping)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     nb, bs, h, d = k_cache.shape
     k_cache.view(nb * bs, h, d)[slots] = k[keep]
     v_cache.view(nb * bs, h, d)[slots] = v[keep]
-
-
-def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Store new keys/values [T, Hkv, D] at their slots, in place."""
-    _check(k, v, k_cache, v_cache, slot_mapping)
-    if k.shape[0] == 0:
-        return
-    if k.is_cuda:
-        from samebits.kernels import attention_triton
-
-        attention_triton.write_kv(k, v, k_cache, v_cache, slot_mapping)
-    else:
-        write_kv_reference(k, v, k_cache, v_cache, slot_mapping)

@@ -1,80 +1,93 @@
-"""Philox-4x32-10 uniforms on the GPU in one pass (the torch path in samebits.engine.rng takes ~200 int64 passes).
+"""Philox-4x32-10 in integer tensor arithmetic: the torch reference of the Triton kernel (triton/philox.py) and the
+backend on the CPU.
 
-Same counter layout and key as the torch path: (c0, c1, c2, c3) = (vocab_index // 4, position, sample_index, stream),
-key = (seed low 32 bits, seed high 32 bits); integer arithmetic, so the bits equal the CPU's exactly.
+Every draw is a pure function of (seed, sample_index, position, vocab index). Integer multiply, add, xor and shift are
+exact on every backend, which is what makes CPU and CUDA agree bit for bit; no floating point enters until the final,
+exact, conversion.
+
+Counter layout for one Philox call: (c0, c1, c2, c3) = (vocab_index // 4, position, sample_index, stream) under the
+key (seed low 32 bits, seed high 32 bits). The four output words cover vocab indices 4*c0 .. 4*c0 + 3, so the uniform
+of a token does not depend on the vocabulary size either.
 """
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from samebits.kernels.configs import TILE_CONFIGS
 
 _CFG = TILE_CONFIGS["philox"]["config"]
-BLOCK = _CFG["block"]
+MASK32 = 0xFFFFFFFF
+PHILOX_M0 = 0xD2511F53
+PHILOX_M1 = 0xCD9E8D57
+PHILOX_W0 = 0x9E3779B9
+PHILOX_W1 = 0xBB67AE85
+PHILOX_ROUNDS = _CFG["rounds"]
+UNIFORM_BITS = _CFG["uniform_bits"]
 
 
-@triton.jit
-def _u32(value, like):
-    return tl.full(like.shape, value, tl.uint32)
+def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit halves of a * m for a in [0, 2^32) and a 32-bit constant m, without int64 overflow.
+
+    The full product needs 64 unsigned bits, beyond signed int64; splitting m into 16-bit halves keeps every partial
+    product below 2^48. In-place steps only touch fresh temporaries (the caller's `a` is never written).
+    """
+    p_lo = a * (m & 0xFFFF)
+    p_hi = a * (m >> 16)
+    low = torch.bitwise_and(p_hi, 0xFFFF).bitwise_left_shift_(16).add_(p_lo)  # < 2^49
+    hi = p_hi.bitwise_right_shift_(16).add_(low >> 32)  # < 2^32: the product is below 2^64
+    return hi, low.bitwise_and_(MASK32)
 
 
-@triton.jit
-def _uniform(word):
-    # top 24 bits -> k * 2^-24 in (0, 1); k == 0 maps to 2^-25 so -log(u) stays finite
-    k = (word >> 8).to(tl.float32)
-    return tl.where(k == 0.0, 0.5, k) * 5.9604644775390625e-08
+def _covers(big: torch.Size, small: torch.Size) -> bool:
+    """Whether `small` broadcasts into `big` without growing it (torch.broadcast_shapes costs a slow first import)."""
+    return len(small) <= len(big) and all(s in (1, b) for s, b in zip(reversed(small), reversed(big)))
 
 
-@triton.jit
-def _philox_uniform_kernel(OUT, SEED_LO, SEED_HI, POS, SAMPLE, V, stride_ob, STREAM: tl.constexpr,
-                           BLOCK: tl.constexpr):
-    # grid (B, cdiv(V / 4, BLOCK)); OUT [B, V] float32; one program: BLOCK Philox calls = 4 * BLOCK vocab entries
-    b = tl.program_id(0)
-    blocks = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] c0
-    c0 = blocks.to(tl.uint32)
-    c1 = _u32(0, c0) + tl.load(POS + b).to(tl.uint32)
-    c2 = _u32(0, c0) + tl.load(SAMPLE + b).to(tl.uint32)
-    c3 = _u32(STREAM, c0)
-    k0 = _u32(0, c0) + tl.load(SEED_LO + b).to(tl.uint32)
-    k1 = _u32(0, c0) + tl.load(SEED_HI + b).to(tl.uint32)
-    for r in tl.static_range(10):
-        if r > 0:
-            k0 = k0 + _u32(0x9E3779B9, c0)
-            k1 = k1 + _u32(0xBB67AE85, c0)
-        m0, m1 = _u32(0xD2511F53, c0), _u32(0xCD9E8D57, c0)
-        hi0, lo0 = tl.umulhi(c0, m0), c0 * m0
-        hi1, lo1 = tl.umulhi(c2, m1), c2 * m1
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-    row = OUT + b.to(tl.int64) * stride_ob
-    v = blocks.to(tl.int64) * 4
-    tl.store(row + v, _uniform(c0), mask=v < V)
-    tl.store(row + v + 1, _uniform(c1), mask=v + 1 < V)
-    tl.store(row + v + 2, _uniform(c2), mask=v + 2 < V)
-    tl.store(row + v + 3, _uniform(c3), mask=v + 3 < V)
+def _xor3(fresh: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """fresh ^ a ^ b, in place when `fresh` (a temporary) already has the broadcast shape."""
+    if _covers(fresh.shape, a.shape) and _covers(fresh.shape, b.shape):
+        return fresh.bitwise_xor_(a).bitwise_xor_(b)
+    return fresh ^ a ^ b
 
 
-def philox_uniforms(seeds: torch.Tensor, sample_indices: torch.Tensor, positions: torch.Tensor, vocab_size: int,
-                    stream: int = 0) -> torch.Tensor:
-    """[B, vocab_size] float32 uniforms; seeds int64 (two's-complement 64-bit), indices int64 in [0, 2^32)."""
-    b = seeds.shape[0]
-    for name, t in (("seeds", seeds), ("sample_indices", sample_indices), ("positions", positions)):
-        assert t.shape == (b,) and t.dtype == torch.int64, f"philox_uniforms: {name} must be int64 [{b}], got " \
-                                                            f"{t.dtype} {tuple(t.shape)}"
-        assert t.device == seeds.device, f"philox_uniforms: {name} on {t.device}, seeds on {seeds.device}"
-    assert vocab_size >= 1 and 0 <= stream < 2**32, f"philox_uniforms: vocab_size {vocab_size}, stream {stream}"
-    out = torch.empty(b, vocab_size, dtype=torch.float32, device=seeds.device)
-    if b == 0:
-        return out
-    lo, hi = seeds & 0xFFFFFFFF, (seeds >> 32) & 0xFFFFFFFF
-    grid = (b, triton.cdiv(triton.cdiv(vocab_size, 4), BLOCK))
-    _philox_uniform_kernel[grid](out, lo, hi, positions, sample_indices, vocab_size, out.stride(0), STREAM=stream,
-                                 BLOCK=BLOCK)
-    return out
+def philox4x32_10(c0, c1, c2, c3, k0, k1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Philox-4x32-10 on int64 tensors holding 32-bit values; all arguments broadcast together."""
+    k0 = torch.as_tensor(k0, dtype=torch.int64, device=c0.device)
+    k1 = torch.as_tensor(k1, dtype=torch.int64, device=c0.device)
+    for r in range(PHILOX_ROUNDS):
+        if r:
+            k0 = (k0 + PHILOX_W0) & MASK32
+            k1 = (k1 + PHILOX_W1) & MASK32
+        hi0, lo0 = _mulhilo(c0, PHILOX_M0)
+        hi1, lo1 = _mulhilo(c2, PHILOX_M1)
+        c0, c1, c2, c3 = _xor3(hi1, c1, k0), lo1, _xor3(hi0, c3, k1), lo0
+    return c0, c1, c2, c3
 
 
-def reference(seeds, sample_indices, positions, vocab_size: int, stream: int = 0) -> torch.Tensor:
-    from samebits.engine.rng import random_words, words_to_uniforms
+def random_words(seeds, sample_indices, positions, vocab_size: int, stream: int) -> torch.Tensor:
+    """[B, vocab_size] int64 holding 32-bit Philox words; seeds, sample_indices, positions int64 [B] on one device."""
+    device = seeds.device
+    n_blocks = (vocab_size + 3) // 4
+    c0 = torch.arange(n_blocks, dtype=torch.int64, device=device)[None, :]
+    c1 = positions[:, None]
+    c2 = sample_indices[:, None]
+    c3 = torch.full_like(c1, stream & MASK32)
+    k0 = (seeds & MASK32)[:, None]
+    k1 = ((seeds >> 32) & MASK32)[:, None]
+    words = philox4x32_10(c0, c1, c2, c3, k0, k1)
+    # Interleave so vocab index v reads word v % 4 of block v // 4.
+    return torch.stack(words, dim=-1).reshape(seeds.shape[0], n_blocks * 4)[:, :vocab_size]
 
+
+def words_to_uniforms(words: torch.Tensor) -> torch.Tensor:
+    """float32 in (0, 1) from the top 24 bits of each word: k * 2^-24 is exact in float32.
+
+    k = 0 maps to 2^-25 rather than 0 so that -log(u) stays finite; it costs a bias of 2^-49 in the mean.
+    """
+    k = (words >> (32 - UNIFORM_BITS)).to(torch.float32)
+    return torch.where(k == 0, torch.full_like(k, 0.5), k) * (2.0 ** -UNIFORM_BITS)
+
+
+def philox_uniforms(seeds, sample_indices, positions, vocab_size: int, stream: int) -> torch.Tensor:
+    """[B, vocab_size] float32 uniforms (the op of the CPU backends)."""
     return words_to_uniforms(random_words(seeds, sample_indices, positions, vocab_size, stream))

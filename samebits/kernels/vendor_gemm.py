@@ -2,7 +2,7 @@
 kernel's (both accumulate K in sequence with tensor-core MMA: shared/baseline/README.md): inside CUDA graphs at every
 M, eagerly only for GEMMs big enough to pay torch's per-call host cost.
 
-Triple: `lt_linear` is the launcher, the Triton `matmul.linear` is the reference it must equal bit for bit, and
+Triple: `lt_linear` is the launcher, the Triton `triton/matmul.linear` is the reference it must equal bit for bit, and
 `self_test` is the proof, run once per (N, K, dtype, device) before the route is taken. Verdicts are shown in the
 fingerprint (`vendor_gemm`); a failed or skipped test only means the Triton kernel runs, with the same bits.
 """
@@ -90,7 +90,7 @@ def lt_linear(x2d, weight):
 
 def self_test(n: int, k: int, dtype, device) -> bool:
     """cuBLASLt == the Triton kernel, every element, at each M of the table, on random data of this shape."""
-    from samebits.kernels.matmul import linear as triton_linear
+    from samebits.kernels.triton.matmul import linear as triton_linear
 
     g = torch.Generator(device=device)
     g.manual_seed(n * 131 + k)

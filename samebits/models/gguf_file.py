@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from samebits.arith import cdiv
+
 MAGIC = b"GGUF"
 # GGUF value type -> struct format of a scalar (8 = string, 9 = array are handled apart)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -62,7 +64,7 @@ def read_gguf(path: Path) -> tuple[dict, list[GGUFTensor]]:
     meta = {cur.string(): cur.value(cur.take("I")) for _ in range(n_kv)}
     infos = [_tensor_info(cur) for _ in range(n_tensors)]
     align = int(meta.get("general.alignment", 32))
-    start = -(-cur.pos // align) * align
+    start = cdiv(cur.pos, align) * align
     return meta, [_tensor(raw, start, *info) for info in infos]
 
 

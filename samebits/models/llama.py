@@ -199,6 +199,6 @@ def _short(names: list[str], limit: int = 6) -> str:
 
 
 def _rope_table(config: ModelConfig, device) -> torch.Tensor:
-    from samebits.kernels.rope import rope_cos_sin
+    from samebits.models.rope_scaling import rope_cos_sin
 
     return rope_cos_sin(config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling, device)

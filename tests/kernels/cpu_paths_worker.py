@@ -33,7 +33,7 @@ def _rows_invariant(fn, width, g, sizes=(1, 3, 17, 64, 200)) -> str:
 
 def kernel_checks(g) -> dict[str, str]:
     import samebits.kernels as K
-    from samebits.kernels.cpu import bmm
+    from samebits.kernels.cpu.backend import bmm
 
     out = {}
     for k, n in [(576, 960), (576, 3072), (1536, 576), (576, 8192), (1000, 1536), (4096, 4096)]:

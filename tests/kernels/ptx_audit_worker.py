@@ -21,7 +21,7 @@ DTYPES = ("bf16", "fp16", "fp32")
 
 
 def _jit(module, name):
-    return getattr(importlib.import_module(f"samebits.kernels.{module}"), name)
+    return getattr(importlib.import_module(f"samebits.kernels.triton.{module}"), name)
 
 
 def _spec(fn, types, const, aligned, options):
@@ -51,7 +51,7 @@ def _matmul_specs():
 
 def _row_specs():
     specs = []
-    rms, sm = _jit("rmsnorm", "_rms_norm_kernel"), _jit("softmax", "_softmax_kernel")
+    rms, sm = _jit("norms", "_rms_norm_kernel"), _jit("softmax", "_softmax_kernel")
     rcfg, scfg, dcfg = (TILE_CONFIGS[k]["config"] for k in ("rms_norm", "softmax", "det_sum"))
     for dt in DTYPES:
         for res in (False, True):
@@ -77,13 +77,58 @@ def _row_specs():
     return specs
 
 
-def _attention_specs():
-    """Paged attention, its split merge, KV write and RoPE: the attention module lists its own launch configs."""
-    from samebits.kernels.attention import audit_specs
+def _paged_attention_specs(dtype, d, query_tile, block_n, split):
+    fn = _jit("attention", "_paged_attention_kernel")
+    specs = []
+    for partial in (False, True):
+        ptr = "*" + dtype
+        sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32",
+               "cu_seqlens_q": "*i32", "context_lens": "*i32", "block_tables": "*i32", "qk_scale": "fp32",
+               "n_split_grid": "i32", "num_q_heads": "i32"}
+        sig.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks",
+                                       "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_bt")})
+        const = {"G": 4, "BLOCK_M": query_tile["rows"], "BLOCK_N": block_n, "D": d, "BS": 16, "SPLIT": split,
+                 "PARTIAL": partial, "UPCAST": False, "IEEE": dtype == "fp32"}
+        sig.update({n: "constexpr" for n in const})
+        options = {"num_warps": query_tile["num_warps"], "num_stages": query_tile["num_stages"]}
+        specs.append((f"paged_attention_{dtype}_d{d}_{'partial' if partial else 'fold'}", fn, sig, const, options))
+    return specs
 
-    keys = ("num_warps", "num_stages", "enable_fp_fusion")
-    return [(f"attention {a['name']}", (a["fn"], a["signature"], a["constexprs"], {}, {k: a[k] for k in keys}))
-            for a in audit_specs()]
+
+def _merge_spec(dtype, d, query_tile, split):
+    sig = {"O": "*" + dtype, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32", "cu_seqlens_q": "*i32",
+           "context_lens": "*i32", "n_split_grid": "i32", "num_q_heads": "i32", "stride_ot": "i32", "stride_oh": "i32"}
+    const = {"G": 4, "BLOCK_M": query_tile["rows"], "D": d, "SPLIT": split}
+    sig.update({n: "constexpr" for n in const})
+    return (f"merge_splits_{dtype}_d{d}", _jit("attention", "_merge_splits_kernel"), sig, const,
+            {"num_warps": query_tile["num_warps"], "num_stages": 1})
+
+
+def _copy_specs(dtype):
+    ptr = "*" + dtype
+    kv = {"K": ptr, "V": ptr, "KC": ptr, "VC": ptr, "slots": "*i64", "stride_kt": "i32", "stride_vt": "i32",
+          "HD": "constexpr", "BLOCK": "constexpr"}
+    rope = {"X": ptr, "OUT": ptr, "positions": "*i64", "COS_SIN": "*fp32", "stride_xt": "i32", "stride_xh": "i32",
+            "stride_ot": "i32", "stride_oh": "i32", "num_heads": "i32", "HALF": "constexpr", "BLOCK_H": "constexpr"}
+    options = {"num_warps": 4, "num_stages": 1}
+    return [(f"write_kv_{dtype}", _jit("kv_write", "_write_kv_kernel"), kv, {"HD": 1024, "BLOCK": 1024}, options),
+            (f"rope_{dtype}", _jit("rope", "_rope_kernel"), rope, {"HALF": 64, "BLOCK_H": 32}, options)]
+
+
+def _attention_specs():
+    """Paged attention (fold and partial), its split merge, KV write and RoPE, at representative shapes, with the
+    attention block's pinned fp_fusion."""
+    query_tile = TILE_CONFIGS["attention.query_tile"]["config"]
+    block_n = TILE_CONFIGS["attention.kv_tile"]["config"]["tokens"]
+    split = TILE_CONFIGS["attention.split_kv"]["config"]["tokens"]
+    raw = []
+    for dtype in DTYPES:
+        for d in (64, 128):
+            raw += _paged_attention_specs(dtype, d, query_tile, block_n, split)
+            raw.append(_merge_spec(dtype, d, query_tile, split))
+        raw += _copy_specs(dtype)
+    fusion = {"enable_fp_fusion": query_tile["fp_fusion"]}
+    return [(f"attention {name}", (fn, sig, const, {}, {**options, **fusion})) for name, fn, sig, const, options in raw]
 
 
 def _ptx(spec):

@@ -1,6 +1,6 @@
 """Batch invariance of paged attention on the CPU path: the three invariants bit for bit, accuracy, negative controls.
 
-The scenario helpers here are reused by test_attention_triton.py (interpreter) and test_attention_gpu.py (H200).
+The scenario helpers here are reused by triton/test_attention.py (interpreter) and triton/test_attention_gpu.py (H200).
 """
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ def fresh_verdicts(monkeypatch):
 
 
 @pytest.mark.parametrize("k,n", SHAPES)
-def test_every_row_count_gives_the_canonical_bits(k, n):
-    g = fresh_generator()
+def test_every_row_count_gives_the_canonical_bits(k, n, seed):
+    g = fresh_generator(seed)
     w = rand((n, k), torch.float32, g)
     x = rand((gemm.CANONICAL, k), torch.float32, g)
     canonical = gemm.run_blocks(x, gemm._pad_n(w), [gemm.CANONICAL])[:, :n]
@@ -100,8 +100,8 @@ def test_negative_control_thread_dependent_vendor_pins_the_count(monkeypatch, fr
 
 
 @pytest.mark.skipif(not mkl.available(), reason="needs MKL's per-thread thread count")
-def test_bits_do_not_change_with_the_thread_count():
-    g = fresh_generator()
+def test_bits_do_not_change_with_the_thread_count(seed):
+    g = fresh_generator(seed)
     w, x = rand((960, 576), torch.float32, g), rand((37, 576), torch.float32, g)
     if not gemm.verdict(576, 960).thread_independent:
         pytest.skip("MKL's bits follow the thread count on this machine (the route pins it instead)")
@@ -122,8 +122,8 @@ def test_known_answer_is_stable():
     assert len(gemm.known_answer()) == 16
 
 
-def test_entry_gemm_gives_each_entry_its_canonical_bits():
-    g = fresh_generator()
+def test_entry_gemm_gives_each_entry_its_canonical_bits(seed):
+    g = fresh_generator(seed)
     for e, rows, k, n in [(3, 3, 64, 128), (48, 3, 128, 80), (6, 64, 64, 128), (5, 13, 33, 20)]:
         r = gemm.block_for([(k, n)], rows, gemm.BLOCK_ROWS)  # entry_gemm's contract: an admitted block size
         a, b = rand((e, r, k), torch.float32, g), rand((e, n, k), torch.float32, g)
@@ -134,7 +134,7 @@ def test_entry_gemm_gives_each_entry_its_canonical_bits():
             assert_same_bits(got[i], gemm.run_blocks(x, b[i], [gemm.CANONICAL])[:r], f"entry {i} of {e}, r={r}")
 
 
-def test_negative_control_batch_count_dependent_bmm_falls_back_to_one_mm_per_entry(monkeypatch, fresh_verdicts):
+def test_negative_control_batch_count_dependent_bmm_falls_back_to_one_mm_per_entry(monkeypatch, fresh_verdicts, seed):
     # A bmm whose bits change once it holds more than 4 entries: the proof refuses it, entries get torch.mm each.
     monkeypatch.setattr(gemm, "_BATCHED", {})
     real = gemm._bmm
@@ -147,7 +147,7 @@ def test_negative_control_batch_count_dependent_bmm_falls_back_to_one_mm_per_ent
 
     monkeypatch.setattr(gemm, "_bmm", variant)
     assert gemm.batched_rows(4, 64, 128) and gemm.batched_rows(8, 64, 128) == ()
-    g = fresh_generator()
+    g = fresh_generator(seed)
     a, b = rand((8, 4, 64), torch.float32, g), rand((8, 128, 64), torch.float32, g)
     got = gemm.entry_gemm(a, b, a.new_empty(8, 4, 128))
     assert_same_bits(got, torch.stack([a[i] @ b[i].t() for i in range(8)]), "fallback vs torch.mm per entry")

@@ -9,8 +9,8 @@ from tests.kernels.helpers import DTYPES, assert_close_to_ref, fresh_generator, 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k,n", [(96, 80), (257, 8), (33, 3), (64, 1), (512, 130)])
-def test_linear_matches_float64(dtype, k, n):
-    g = fresh_generator()
+def test_linear_matches_float64(dtype, k, n, seed):
+    g = fresh_generator(seed)
     x, w, b = rand((37, k), dtype, g), rand((n, k), dtype, g, scale=k ** -0.5), rand((n,), dtype, g)
     ref = x.double() @ w.double().t() + b.double()
     assert_close_to_ref(K.linear(x, w, b), ref, dtype, "linear")
@@ -18,8 +18,8 @@ def test_linear_matches_float64(dtype, k, n):
     assert K.linear(x, w).dtype == dtype
 
 
-def test_linear_keeps_leading_dims():
-    g = fresh_generator()
+def test_linear_keeps_leading_dims(seed):
+    g = fresh_generator(seed)
     x, w = rand((2, 3, 16), torch.float32, g), rand((24, 16), torch.float32, g)
     assert K.linear(x, w).shape == (2, 3, 24)
 
@@ -30,8 +30,8 @@ def _rms_ref(x, w, eps):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rms_norm_matches_float64(dtype):
-    g = fresh_generator()
+def test_rms_norm_matches_float64(dtype, seed):
+    g = fresh_generator(seed)
     x, w, r = rand((19, 200), dtype, g, scale=3.0), rand((200,), dtype, g), rand((19, 200), dtype, g)
     assert_close_to_ref(K.rms_norm(x, w, 1e-6), _rms_ref(x, w, 1e-6), dtype, "rms_norm")
     normed, s = K.add_rms_norm(x, r, w, 1e-6)
@@ -41,8 +41,8 @@ def test_rms_norm_matches_float64(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 50, 3000])
-def test_softmax_matches_float64(dtype, n):
-    g = fresh_generator()
+def test_softmax_matches_float64(dtype, n, seed):
+    g = fresh_generator(seed)
     x = rand((7, n), dtype, g, scale=4.0)
     sm, lsm = K.softmax(x), K.log_softmax(x)
     assert sm.dtype == lsm.dtype == torch.float32
@@ -51,16 +51,16 @@ def test_softmax_matches_float64(dtype, n):
     assert (lsm.double() - torch.log_softmax(x.double(), -1)).abs().max() < 1e-5 * (1 + x.float().abs().max())
 
 
-def test_softmax_other_dim():
-    g = fresh_generator()
+def test_softmax_other_dim(seed):
+    g = fresh_generator(seed)
     x = rand((5, 6, 7), torch.float32, g)
     assert_close_to_ref(K.softmax(x, dim=1), torch.softmax(x.double(), 1), torch.float32, "softmax dim=1")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,dim", [((100_003,), None), ((6, 5000), -1), ((300, 4), 0)])
-def test_det_sum_and_mean_match_float64(dtype, shape, dim):
-    g = fresh_generator()
+def test_det_sum_and_mean_match_float64(dtype, shape, dim, seed):
+    g = fresh_generator(seed)
     x = rand(shape, dtype, g)
     ref = x.double().sum() if dim is None else x.double().sum(dim)
     n = x.numel() if dim is None else x.shape[dim]
@@ -70,8 +70,8 @@ def test_det_sum_and_mean_match_float64(dtype, shape, dim):
     assert (K.det_mean(x, dim).double() - ref / n).abs().max().item() <= (tol + 1e-30) / n
 
 
-def test_silu_and_mul():
-    g = fresh_generator()
+def test_silu_and_mul(seed):
+    g = fresh_generator(seed)
     x = rand((4, 64), torch.bfloat16, g)
     ref = torch.nn.functional.silu(x[:, :32].double()) * x[:, 32:].double()
     assert_close_to_ref(K.silu_and_mul(x), ref, torch.bfloat16, "silu_and_mul")
@@ -96,12 +96,12 @@ def test_unsupported_device_fails_loud():
         K.linear(torch.empty(2, 4, device="meta"), torch.empty(3, 4, device="meta"))
 
 
-def test_registry_modes():
+def test_registry_modes(seed):
     with pytest.raises(ValueError, match="mode"):
         get_ops("fastest", "cpu")
     fast, det = get_ops("fast", "cpu"), get_ops("deterministic", "cpu")
     assert (fast.mode, det.mode, str(det.device)) == ("fast", "deterministic", "cpu")
-    g = fresh_generator()
+    g = fresh_generator(seed)
     x, w = rand((3, 32), torch.float32, g), rand((16, 32), torch.float32, g)
     assert torch.allclose(fast.linear(x, w), det.linear(x, w), atol=1e-5)
     assert torch.allclose(fast.rms_norm(x, w[0, :32].abs(), 1e-6), det.rms_norm(x, w[0, :32].abs(), 1e-6), atol=1e-5)

@@ -41,26 +41,26 @@ def _alone_vs_batches(model, g, t=T):
 
 @pytest.mark.parametrize("t", [T, 1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_llama_row_alone_equals_row_in_batch_inside_the_mode(dtype, t):
-    model, g = _model(dtype), fresh_generator()
+def test_llama_row_alone_equals_row_in_batch_inside_the_mode(dtype, t, seed):
+    model, g = _model(dtype), fresh_generator(seed)
     with samebits.batch_invariant():
         for b, p, alone, batched in _alone_vs_batches(model, g, t):
             assert_same_bits(batched, alone, f"Llama {dtype} logits: alone vs slot {p} of batch {b}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_llama_outside_the_mode_can_differ(dtype):
+def test_llama_outside_the_mode_can_differ(dtype, seed):
     # Negative control: stock CPU kernels change a row's logits with the batch on this machine. One-token
     # prompts make M = batch size, so the row alone takes MKL's GEMV path and the batch its GEMM path.
-    model, g = _model(dtype), fresh_generator()
+    model, g = _model(dtype), fresh_generator(seed)
     differing = [b for b, _, alone, batched in _alone_vs_batches(model, g, 1) if not mismatch(batched, alone).same]
     if not differing:
         pytest.skip(f"stock torch happened to be batch-invariant for this model ({dtype}) here")
     assert not active()
 
 
-def test_mode_is_close_to_stock_torch():
-    model, g = _model(torch.float32), fresh_generator()
+def test_mode_is_close_to_stock_torch(seed):
+    model, g = _model(torch.float32), fresh_generator(seed)
     ids = torch.randint(0, 256, (3, T), generator=g)
     stock = _logits(model, ids)
     with samebits.batch_invariant():
@@ -68,8 +68,8 @@ def test_mode_is_close_to_stock_torch():
     assert (inv - stock).abs().max() <= 1e-4 * stock.abs().max()
 
 
-def test_overridden_ops_go_through_samebits():
-    g = fresh_generator()
+def test_overridden_ops_go_through_samebits(seed):
+    g = fresh_generator(seed)
     x, w = rand((6, 40), torch.float32, g), rand((24, 40), torch.float32, g)
     with samebits.batch_invariant():
         assert torch.equal(torch.nn.functional.linear(x, w), K.linear(x, w))
@@ -89,8 +89,8 @@ def test_mode_fails_loud_on_float64():
         torch.ones(3, 4, dtype=torch.float64) @ torch.ones(4, 2, dtype=torch.float64)
 
 
-def test_nesting_keeps_the_outer_registration():
-    g = fresh_generator()
+def test_nesting_keeps_the_outer_registration(seed):
+    g = fresh_generator(seed)
     x, w = rand((5, 32), torch.float32, g), rand((32, 16), torch.float32, g)
     with samebits.batch_invariant():
         with samebits.batch_invariant():
@@ -100,8 +100,8 @@ def test_nesting_keeps_the_outer_registration():
     assert not active()
 
 
-def test_exception_inside_the_block_restores_stock_kernels():
-    g = fresh_generator()
+def test_exception_inside_the_block_restores_stock_kernels(seed):
+    g = fresh_generator(seed)
     with pytest.raises(RuntimeError, match="boom"), samebits.batch_invariant(), samebits.batch_invariant():
         raise RuntimeError("boom")
     assert not active()

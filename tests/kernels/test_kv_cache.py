@@ -5,8 +5,11 @@ import pytest
 import torch
 
 from samebits.diagnostics.compare import assert_same_bits
+from samebits.kernels import get_ops
 from samebits.kernels.attention import AttentionMetadata
-from samebits.kernels.kv_cache import allocate_kv_cache, write_kv, write_kv_reference
+from samebits.kernels.kv_cache import allocate_kv_cache, write_kv
+from samebits.modes import MODES
+from tests.kernels.helpers import fresh_generator, rand
 
 
 def test_allocate_shapes():
@@ -18,11 +21,11 @@ def test_allocate_shapes():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_write_places_each_token_at_its_slot(dtype):
-    bs = 4
+def test_write_places_each_token_at_its_slot(dtype, seed):
+    g, bs = fresh_generator(seed), 4
     (k_cache, v_cache), = allocate_kv_cache(1, 8, bs, 2, 64, dtype, "cpu")
     meta = AttentionMetadata.build([3, 2], [6, 2], [[5, 1], [6]], bs)
-    k, v = torch.randn(5, 2, 64).to(dtype), torch.randn(5, 2, 64).to(dtype)
+    k, v = rand((5, 2, 64), dtype, g), rand((5, 2, 64), dtype, g)
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     # seq 0 positions 3, 4, 5 -> block 5 offset 3, block 1 offsets 0, 1; seq 1 positions 0, 1 -> block 6 offsets 0, 1
     for i, (blk, off) in enumerate([(5, 3), (1, 0), (1, 1), (6, 0), (6, 1)]):
@@ -31,9 +34,9 @@ def test_write_places_each_token_at_its_slot(dtype):
     assert int((k_cache != 0).any(-1).any(-1).sum()) == 5
 
 
-def test_negative_slots_are_padding():
+def test_negative_slots_are_padding(seed):
     (k_cache, v_cache), = allocate_kv_cache(1, 2, 4, 1, 64, torch.float32, "cpu")
-    k = torch.randn(3, 1, 64)
+    k = rand((3, 1, 64), torch.float32, fresh_generator(seed))
     write_kv(k, k, k_cache, v_cache, torch.tensor([2, -1, 5]))
     assert_same_bits(k_cache.view(8, 1, 64)[[2, 5]], k[[0, 2]], "written rows")
     assert int((k_cache != 0).any(-1).sum()) == 2
@@ -47,10 +50,13 @@ def test_mismatched_inputs_fail_loud():
         write_kv(torch.zeros(2, 1, 64), torch.zeros(2, 1, 64), k_cache, v_cache, torch.tensor([0]))
 
 
-def test_reference_and_dispatch_agree():
+@pytest.mark.parametrize("mode", MODES)
+def test_the_cpu_backends_write_through_the_reference(mode, seed):
+    g = fresh_generator(seed)
     caches = [allocate_kv_cache(1, 4, 4, 2, 64, torch.bfloat16, "cpu")[0] for _ in range(2)]
-    k, v, slots = torch.randn(6, 2, 64).bfloat16(), torch.randn(6, 2, 64).bfloat16(), torch.tensor([9, 3, 0, 15, 4, 8])
-    write_kv(k, v, *caches[0], slots)
-    write_kv_reference(k, v, *caches[1], slots)
+    k, v = rand((6, 2, 64), torch.bfloat16, g), rand((6, 2, 64), torch.bfloat16, g)
+    slots = torch.tensor([9, 3, 0, 15, 4, 8])
+    get_ops(mode, "cpu").write_kv(k, v, *caches[0], slots)
+    write_kv(k, v, *caches[1], slots)
     assert_same_bits(caches[0][0], caches[1][0], "k cache")
     assert_same_bits(caches[0][1], caches[1][1], "v cache")

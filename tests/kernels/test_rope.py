@@ -1,47 +1,18 @@
-"""RoPE: the table against HF's Llama rotary embedding (default and llama3 scaling), and the rotation itself."""
+"""RoPE: the rotation (kernels.rope.apply_rope) against HF's rotate_half, and its batch invariance."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from samebits.diagnostics.compare import assert_same_bits
-from samebits.kernels.rope import apply_rope, apply_rope_reference, rope_cos_sin
+from samebits.kernels import get_ops
+from samebits.kernels.rope import apply_rope
+from samebits.models.rope_scaling import rope_cos_sin
+from samebits.modes import MODES
+from tests.kernels.helpers import fresh_generator, rand
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 8192}
-
-
-def hf_cos_sin(head_dim, theta, scaling, positions):
-    transformers = pytest.importorskip("transformers")
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    params = {"rope_type": "default", **(scaling or {}), "rope_theta": theta}
-    cfg = transformers.LlamaConfig(hidden_size=2 * head_dim, num_attention_heads=2, head_dim=head_dim,
-                                   max_position_embeddings=131072, rope_parameters=params)
-    emb = LlamaRotaryEmbedding(cfg)
-    cos, sin = emb(torch.zeros(1, 1, head_dim), positions[None])
-    return emb.inv_freq, cos[0], sin[0]
-
-
-@pytest.mark.parametrize("head_dim,theta,scaling", [(64, 10000.0, None), (128, 500000.0, LLAMA3)])
-def test_table_matches_hf(head_dim, theta, scaling):
-    positions = torch.tensor([0, 1, 2, 17, 1000, 8191, 8192, 65535, 131071])
-    inv_freq, cos, sin = hf_cos_sin(head_dim, theta, scaling, positions)
-    table = rope_cos_sin(head_dim, 131072, theta, scaling)
-    assert table.shape == (131072, head_dim) and table.dtype == torch.float32
-    half = head_dim // 2
-    # HF duplicates each half (cat(freqs, freqs)); ours stores cos | sin once each.
-    torch.testing.assert_close(table[positions, :half], cos[:, :half], rtol=0, atol=2e-6)
-    torch.testing.assert_close(table[positions, half:], sin[:, :half], rtol=0, atol=2e-6)
-    from samebits.kernels.rope import _scaled_inv_freq
-
-    assert_same_bits(_scaled_inv_freq(head_dim, theta, scaling), inv_freq.float(), "inv_freq vs HF")
-
-
-def test_llama3_scaling_changes_only_low_frequencies():
-    plain, scaled = rope_cos_sin(128, 64, 500000.0, None), rope_cos_sin(128, 64, 500000.0, LLAMA3)
-    assert torch.equal(plain[:, 0], scaled[:, 0])  # highest frequency untouched
-    assert not torch.equal(plain[:, 127], scaled[:, 127])  # lowest frequency (its sin) divided by `factor`
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -78,18 +49,17 @@ def test_rotation_of_a_token_is_independent_of_the_batch():
         assert_same_bits(k_part, k_all[lo:hi], f"k rows {lo}:{hi}")
 
 
-def test_unknown_scaling_fails_loud():
-    with pytest.raises(NotImplementedError, match="yarn"):
-        rope_cos_sin(64, 10, 10000.0, {"rope_type": "yarn", "factor": 4.0})
+def test_a_wrong_table_fails_loud():
     with pytest.raises(ValueError, match="cos_sin"):
         apply_rope(torch.zeros(2, 2, 64), torch.zeros(2, 2, 64), torch.zeros(2, dtype=torch.long),
                    torch.zeros(10, 32))
 
 
-def test_reference_is_the_cpu_path():
-    gen = torch.Generator().manual_seed(2)
-    q, k = torch.randn(9, 4, 64, generator=gen), torch.randn(9, 4, 64, generator=gen)
+@pytest.mark.parametrize("mode", MODES)
+def test_the_cpu_backends_rotate_through_the_reference(mode, seed):
+    g = fresh_generator(seed)
+    q, k = rand((9, 4, 64), torch.float32, g), rand((9, 4, 64), torch.float32, g)
     positions = torch.arange(9)
     table = rope_cos_sin(64, 9, 10000.0)
-    for a, b in zip(apply_rope(q, k, positions, table), apply_rope_reference(q, k, positions, table)):
-        assert_same_bits(a, b, "apply_rope on CPU")
+    for a, b in zip(get_ops(mode, "cpu").rope(q, k, positions, table), apply_rope(q, k, positions, table)):
+        assert_same_bits(a, b, f"{mode} rope on CPU")

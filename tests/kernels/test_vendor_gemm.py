@@ -90,7 +90,7 @@ def test_self_test_passes_at_real_shapes(n, k):
 @pytest.mark.parametrize("n,k", REAL[:2] + REAL[3:])
 def test_route_gives_triton_bits_at_every_m(n, k):
     # Beyond the self-test's M list: decode and prefill sizes it never tried, whole outputs compared.
-    from samebits.kernels.matmul import linear as triton_linear
+    from samebits.kernels.triton.matmul import linear as triton_linear
 
     g = torch.Generator(device="cuda").manual_seed(torch.seed() % 2**31)
     w = (torch.randn(n, k, generator=g, device="cuda") * k ** -0.5).bfloat16()

@@ -20,7 +20,8 @@ from collections import defaultdict
 
 import torch
 
-from samebits.kernels.common import cdiv, next_pow2
+from samebits.arith import cdiv
+from samebits.kernels.common import next_pow2
 from samebits.kernels.configs import TILE_CONFIGS
 from samebits.kernels.cpu.gemm import BLOCK_ROWS, block_for, entry_gemm
 

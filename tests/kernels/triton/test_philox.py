@@ -1,10 +1,10 @@
-"""The fused Philox kernel equals the integer-tensor Philox of samebits.engine.rng bit for bit (interpreter here,
-real CUDA in tests/engine/test_rng.py's GPU test, which now routes through this kernel)."""
+"""The fused Philox kernel equals its torch reference (the integer-tensor Philox of samebits.kernels.philox) bit for bit
+(interpreter here, real CUDA in tests/engine/test_rng.py's GPU test, which routes through this kernel)."""
 import pytest
 import torch
 
-from samebits.engine.rng import random_words, words_to_uniforms
-from samebits.kernels.philox import philox_uniforms
+from samebits.kernels.philox import random_words, words_to_uniforms
+from samebits.kernels.triton.philox import philox_uniforms
 
 pytestmark = pytest.mark.interpreter
 

@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samebits.kernels.common import callable_as_public, next_pow2
+from samebits.kernels.common import next_pow2
 from samebits.kernels.configs import LAUNCH, TILE_CONFIGS
 
 _CFG = TILE_CONFIGS["softmax"]["config"]
@@ -58,10 +58,3 @@ def softmax(x, dim=-1):
 
 def log_softmax(x, dim=-1):
     return _launch(x, dim, True)
-
-
-def reference(x, dim=-1, log=False):
-    return torch.log_softmax(x.float(), dim) if log else torch.softmax(x.float(), dim)
-
-
-callable_as_public(__name__, "softmax")

@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samebits.kernels.common import callable_as_public, interpreting
+from samebits.kernels.common import interpreting
 from samebits.kernels.configs import LAUNCH, TILE_CONFIGS
 
 _FP = {torch.bfloat16, torch.float16, torch.float32}
@@ -111,12 +111,3 @@ def linear(x, weight, bias=None, config=None):
     x2 = x.reshape(-1, x.shape[-1])
     y = matmul_kn(x2, weight.t(), bias, config)
     return y.reshape(*x.shape[:-1], weight.shape[0])
-
-
-def reference(a, b, bias=None):
-    """Plain torch, fp32 accumulation; for checking values, not bits."""
-    y = a.float() @ b.float()
-    return (y + bias.float() if bias is not None else y).to(a.dtype)
-
-
-callable_as_public(__name__, "matmul")

@@ -1,5 +1,5 @@
-"""The Triton kernels (attention, split merge, KV writes, RoPE) on small shapes: under TRITON_INTERPRET=1 on a CPU
-machine, natively on a GPU. The same invariants as the CPU path, bit for bit."""
+"""The Triton paged attention and split merge on small shapes: under TRITON_INTERPRET=1 on a CPU machine, natively on
+a GPU. The same invariants as the CPU path, bit for bit."""
 from __future__ import annotations
 
 import random
@@ -8,13 +8,12 @@ import pytest
 import torch
 
 from samebits.diagnostics.compare import assert_same_bits
-from samebits.kernels.attention import paged_attention, paged_attention_reference
-from samebits.kernels.kv_cache import write_kv_reference
-from samebits.kernels.rope import apply_rope_reference, rope_cos_sin
+from samebits.kernels import get_ops
+from samebits.kernels.attention import paged_attention_reference
 from tests.kernels.test_attention import full_prefill, make_world, random_cuts, run
 
 pytestmark = pytest.mark.interpreter
-triton_ops = pytest.importorskip("samebits.kernels.attention_triton")
+triton_ops = pytest.importorskip("samebits.kernels.triton.attention")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -75,39 +74,17 @@ def test_triton_close_to_float64(dtype, bound):
     assert rel < bound, f"{dtype}: relative error {rel:.2e} over {bound:.0e}"
 
 
-def test_public_entry_dispatches_to_triton(monkeypatch):
-    monkeypatch.setenv("SAMEBITS_ATTENTION_TRITON", "1")
+def test_the_cuda_rows_attend_through_the_triton_kernel():
+    """Both CUDA rows of the table run this kernel (fast mode too, at the head dims it has tiles for); their ops, run
+    here on the interpreter, equal the launcher's bits."""
+    from samebits.kernels.triton import backend, fast
+
+    assert get_ops("deterministic", "cuda").backend is backend and get_ops("fast", "cuda").backend is fast
     world = make_world([20, 9], 4, 2, 64, 16, seed=7, device=DEVICE)
-    via_public = run(world, [(0, 20, 20), (1, 9, 3)], paged_attention)
     direct = run(world, [(0, 20, 20), (1, 9, 3)], tri)
-    for a, b in zip(via_public, direct):
-        assert_same_bits(a, b, "public entry vs triton launcher")
-
-
-def test_write_kv_kernel_matches_reference():
-    gen = torch.Generator().manual_seed(0)
-    caches = [torch.zeros(4, 4, 2, 64, dtype=torch.bfloat16, device=DEVICE) for _ in range(4)]
-    kv = torch.randn(6, 2, 2, 64, generator=gen).bfloat16().to(DEVICE)  # k and v as strided views of one tensor
-    slots = torch.tensor([9, 3, -1, 15, 4, 8], device=DEVICE)
-    triton_ops.write_kv(kv[:, 0], kv[:, 1], caches[0], caches[1], slots)
-    write_kv_reference(kv[:, 0], kv[:, 1], caches[2], caches[3], slots)
-    assert_same_bits(caches[0], caches[2], "k cache")
-    assert_same_bits(caches[1], caches[3], "v cache")
-
-
-def test_rope_kernel_close_to_reference_and_batch_invariant():
-    gen = torch.Generator().manual_seed(1)
-    q = torch.randn(12, 6, 128, generator=gen).bfloat16().to(DEVICE)
-    k = torch.randn(12, 2, 128, generator=gen).bfloat16().to(DEVICE)
-    positions = torch.randint(0, 4000, (12,), generator=gen).to(DEVICE)
-    table = rope_cos_sin(128, 4000, 500000.0, device=DEVICE)
-    q_out, k_out = triton_ops.apply_rope(q, k, positions, table)
-    q_ref, k_ref = apply_rope_reference(q, k, positions, table)
-    torch.testing.assert_close(q_out.float(), q_ref.float(), rtol=8e-3, atol=8e-3)
-    torch.testing.assert_close(k_out.float(), k_ref.float(), rtol=8e-3, atol=8e-3)
-    q_part, k_part = triton_ops.apply_rope(q[5:6], k[5:6], positions[5:6], table)
-    assert_same_bits(q_part, q_out[5:6], "rope q row alone vs batched")
-    assert_same_bits(k_part, k_out[5:6], "rope k row alone vs batched")
+    for op in (backend.attention, fast.attention):
+        for a, b in zip(run(world, [(0, 20, 20), (1, 9, 3)], op), direct):
+            assert_same_bits(a, b, f"{op.__module__}.attention vs the triton launcher")
 
 
 def test_split_boundaries_with_a_small_split(monkeypatch):

@@ -31,9 +31,9 @@ def world_for(d, hq, hkv, dtype, block_size=16, seed=0):
 
 
 def pa(q, k_cache, v_cache, meta, scale, parallel_splits=None):
-    from samebits.kernels import attention_triton
+    from samebits.kernels.triton import attention
 
-    return attention_triton.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits)
+    return attention.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits)
 
 
 @pytest.mark.parametrize("d,hq,hkv,dtype", CASES)
@@ -129,7 +129,7 @@ def test_negative_control_sdpa_decode_differs_from_its_prefill():
 
 def test_negative_control_other_kv_tile_is_caught():
     """The comparison used above catches a decode kernel built with another KV tile (BLOCK_N 32 instead of 64)."""
-    from samebits.kernels import attention_triton as at
+    from samebits.kernels.triton import attention as at
 
     world = world_for(128, 32, 8, torch.bfloat16, seed=17)
     full = full_prefill(world, pa)

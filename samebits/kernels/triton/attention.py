@@ -1,18 +1,17 @@
-"""Triton kernels of the attention block: paged attention (+ split merge), KV cache writes, RoPE.
+"""Triton paged attention and its split merge (the why of the tiles: samebits/kernels/attention.py).
 
-Imported lazily (only on CUDA or under TRITON_INTERPRET=1) so that importing samebits never needs triton.
-Every kernel comes with a launcher that checks shapes, dtypes and strides; the plain-torch references live beside the
-public functions (attention.paged_attention_reference, kv_cache.write_kv_reference, rope.apply_rope_reference).
-No atomics anywhere: each output element is written by exactly one program.
+Imported lazily (only on CUDA or under TRITON_INTERPRET=1) so that importing samebits never needs triton. The launcher
+checks shapes, dtypes and strides; the torch reference is kernels.attention.paged_attention_reference (float64).
+No atomics: each output element is written by exactly one program.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from samebits.arith import cdiv
+from samebits.kernels.common import interpreting
 from samebits.kernels.configs import TILE_CONFIGS
 
 _QT = TILE_CONFIGS["attention.query_tile"]["config"]
@@ -24,15 +23,8 @@ FP_FUSION = _QT["fp_fusion"]
 BLOCK_N = TILE_CONFIGS["attention.kv_tile"]["config"]["tokens"]
 SPLIT = TILE_CONFIGS["attention.split_kv"]["config"]["tokens"]
 assert SPLIT % BLOCK_N == 0, "a split must hold whole KV tiles"
+HEAD_DIMS = (64, 128)  # the head dims with a fixed tile
 LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x * scale) == exp2(x * scale * log2(e))
-
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Paged attention
 
 
 @triton.jit
@@ -217,7 +209,7 @@ def _check_attention(q, k_cache, v_cache, meta) -> None:
     what = f"paged_attention[triton](q {tuple(q.shape)} {q.dtype} on {q.device}, cache {tuple(k_cache.shape)})"
     assert q.stride(2) == 1, f"{what}: q's head dim must be contiguous, strides {q.stride()}"
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), f"{what}: caches must be contiguous"
-    assert q.shape[2] in (64, 128), f"{what}: head_dim must be 64 or 128"
+    assert q.shape[2] in HEAD_DIMS, f"{what}: head_dim must be one of {HEAD_DIMS}"
     for name in ("cu_seqlens_q", "context_lens", "block_tables"):
         t = getattr(meta, name)
         assert t.dtype == torch.int32 and t.device == q.device, f"{what}: meta.{name} must be int32 on {q.device}"
@@ -238,7 +230,7 @@ def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bo
     tokens_per_tile = BLOCK_M // g
     if parallel_splits is None:
         parallel_splits = default_parallel_splits(meta, tokens_per_tile)
-    n_split_grid = -(-meta.max_context_len // SPLIT) if parallel_splits else 1
+    n_split_grid = cdiv(meta.max_context_len, SPLIT) if parallel_splits else 1
     out = torch.empty_like(q)
     if parallel_splits:
         pm = torch.empty(t, hq, n_split_grid, dtype=torch.float32, device=q.device)
@@ -246,9 +238,9 @@ def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bo
         pacc = torch.empty(t, hq, n_split_grid, d, dtype=torch.float32, device=q.device)
     else:
         pm = pl = pacc = out  # unused by the folding variant
-    upcast = _interpreted()  # the interpreter's bf16/fp16 arithmetic is not the GPU's: compute in fp32 there
+    upcast = interpreting()  # the interpreter's bf16/fp16 arithmetic is not the GPU's: compute in fp32 there
     ieee = upcast or q.dtype == torch.float32  # fp32 operands: exact fp32 products, never tf32
-    grid = (-(-meta.max_query_len // tokens_per_tile), meta.num_seqs, h_kv * n_split_grid)
+    grid = (cdiv(meta.max_query_len, tokens_per_tile), meta.num_seqs, h_kv * n_split_grid)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
         float(scale) * LOG2E, n_split_grid, hq, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -260,110 +252,3 @@ def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bo
             out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, n_split_grid, hq, out.stride(0), out.stride(1),
             G=g, BLOCK_M=BLOCK_M, D=d, SPLIT=SPLIT, num_warps=NUM_WARPS, enable_fp_fusion=FP_FUSION)
     return out
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# KV cache writes
-
-
-@triton.jit
-def _write_kv_kernel(K, V, KC, VC, slots, stride_kt, stride_vt, HD: tl.constexpr, BLOCK: tl.constexpr):
-    # grid (T,): token t's [Hkv * D] keys/values copied to cache row `slots[t]` ([NB * BS, Hkv * D] view).
-    t = tl.program_id(0)
-    slot = tl.load(slots + t)
-    if slot >= 0:
-        i = tl.arange(0, BLOCK)
-        ok = i < HD
-        tl.store(KC + slot * HD + i, tl.load(K + t * stride_kt + i, mask=ok), mask=ok)
-        tl.store(VC + slot * HD + i, tl.load(V + t * stride_vt + i, mask=ok), mask=ok)
-
-
-def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    t, h, d = k.shape
-    what = f"write_kv[triton](k {tuple(k.shape)} strides {k.stride()}, v strides {v.stride()})"
-    assert k.stride(2) == 1 and k.stride(1) == d and v.stride(2) == 1 and v.stride(1) == d, \
-        f"{what}: each token's [Hkv, D] must be contiguous"
-    assert slot_mapping.device == k.device, f"{what}: slot_mapping must be on {k.device}"
-    _write_kv_kernel[(t,)](k, v, k_cache, v_cache, slot_mapping.long(), k.stride(0), v.stride(0),
-                           HD=h * d, BLOCK=triton.next_power_of_2(h * d), enable_fp_fusion=FP_FUSION)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# RoPE
-
-
-@triton.jit
-def _rope_kernel(X, OUT, positions, COS_SIN, stride_xt, stride_xh, stride_ot, stride_oh, num_heads,
-                 HALF: tl.constexpr, BLOCK_H: tl.constexpr):
-    # grid (T,): every head of token t rotated by the table row of its position; fp32 arithmetic, one rounding.
-    t = tl.program_id(0)
-    pos = tl.load(positions + t).to(tl.int64)
-    j = tl.arange(0, HALF)
-    cos = tl.load(COS_SIN + pos * (2 * HALF) + j)[None, :]  # [1, HALF]
-    sin = tl.load(COS_SIN + pos * (2 * HALF) + HALF + j)[None, :]
-    hh = tl.arange(0, BLOCK_H)
-    ok = (hh < num_heads)[:, None]
-    x_ptr = X + t * stride_xt + hh[:, None] * stride_xh + j[None, :]
-    x1 = tl.load(x_ptr, mask=ok, other=0.0).to(tl.float32)  # [BLOCK_H, HALF]
-    x2 = tl.load(x_ptr + HALF, mask=ok, other=0.0).to(tl.float32)
-    o_ptr = OUT + t * stride_ot + hh[:, None] * stride_oh + j[None, :]
-    tl.store(o_ptr, (x1 * cos - x2 * sin).to(OUT.dtype.element_ty), mask=ok)
-    tl.store(o_ptr + HALF, (x2 * cos + x1 * sin).to(OUT.dtype.element_ty), mask=ok)
-
-
-def _rope_one(x, positions, cos_sin):
-    t, h, d = x.shape
-    assert x.stride(2) == 1, f"apply_rope[triton]: head dim of {tuple(x.shape)} must be contiguous, {x.stride()}"
-    assert cos_sin.is_contiguous() and cos_sin.device == x.device, "apply_rope[triton]: table must be contiguous"
-    assert d & (d - 1) == 0, f"apply_rope[triton]: head_dim {d} must be a power of two"
-    out = torch.empty(t, h, d, dtype=x.dtype, device=x.device)
-    _rope_kernel[(t,)](x, out, positions, cos_sin, x.stride(0), x.stride(1), out.stride(0), out.stride(1), h,
-                       HALF=d // 2, BLOCK_H=triton.next_power_of_2(h), enable_fp_fusion=FP_FUSION)
-    return out
-
-
-def apply_rope(q, k, positions, cos_sin):
-    return _rope_one(q, positions, cos_sin), _rope_one(k, positions, cos_sin)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# PTX audit
-
-
-def audit_specs() -> list[dict]:
-    """Each kernel with a signature and constexprs for triton.compile(ASTSource(...)) at a representative shape."""
-    i32, f32 = "i32", "fp32"
-    specs = []
-    for dtype in ("bf16", "fp16", "fp32"):
-        for d in (64, 128):
-            for partial in (False, True):
-                ptr = "*" + dtype
-                sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32",
-                       "cu_seqlens_q": "*i32", "context_lens": "*i32", "block_tables": "*i32", "qk_scale": f32,
-                       "n_split_grid": i32, "num_q_heads": i32}
-                sig.update({n: i32 for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb",
-                                             "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh",
-                                             "stride_bt")})
-                const = {"G": 4, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "D": d, "BS": 16, "SPLIT": SPLIT,
-                         "PARTIAL": partial, "UPCAST": False, "IEEE": dtype == "fp32"}
-                sig.update({n: "constexpr" for n in const})
-                specs.append({"name": f"paged_attention_{dtype}_d{d}_{'partial' if partial else 'fold'}",
-                              "fn": _paged_attention_kernel, "signature": sig, "constexprs": const,
-                              "num_warps": NUM_WARPS, "num_stages": NUM_STAGES, "enable_fp_fusion": FP_FUSION})
-            ptr = "*" + dtype
-            sig = {"O": ptr, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32", "cu_seqlens_q": "*i32",
-                   "context_lens": "*i32", "n_split_grid": i32, "num_q_heads": i32, "stride_ot": i32, "stride_oh": i32}
-            const = {"G": 4, "BLOCK_M": BLOCK_M, "D": d, "SPLIT": SPLIT}
-            sig.update({n: "constexpr" for n in const})
-            specs.append({"name": f"merge_splits_{dtype}_d{d}", "fn": _merge_splits_kernel, "signature": sig,
-                          "constexprs": const, "num_warps": NUM_WARPS, "num_stages": 1, "enable_fp_fusion": FP_FUSION})
-        ptr = "*" + dtype
-        sig = {"K": ptr, "V": ptr, "KC": ptr, "VC": ptr, "slots": "*i64", "stride_kt": i32, "stride_vt": i32,
-               "HD": "constexpr", "BLOCK": "constexpr"}
-        specs.append({"name": f"write_kv_{dtype}", "fn": _write_kv_kernel, "signature": sig,
-                      "constexprs": {"HD": 1024, "BLOCK": 1024}, "num_warps": 4, "num_stages": 1, "enable_fp_fusion": FP_FUSION})
-        sig = {"X": ptr, "OUT": ptr, "positions": "*i64", "COS_SIN": "*fp32", "stride_xt": i32, "stride_xh": i32,
-               "stride_ot": i32, "stride_oh": i32, "num_heads": i32, "HALF": "constexpr", "BLOCK_H": "constexpr"}
-        specs.append({"name": f"rope_{dtype}", "fn": _rope_kernel, "signature": sig,
-                      "constexprs": {"HALF": 64, "BLOCK_H": 32}, "num_warps": 4, "num_stages": 1, "enable_fp_fusion": FP_FUSION})
-    return specs

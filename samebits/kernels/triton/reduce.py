@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samebits.kernels.common import cdiv
+from samebits.arith import cdiv
 from samebits.kernels.configs import LAUNCH, TILE_CONFIGS
 
 _CFG = TILE_CONFIGS["det_sum"]["config"]
@@ -51,7 +51,3 @@ def det_sum_rows(x):
                                     num_warps=_CFG["num_warps"], **LAUNCH)
     _merge_kernel[(r,)](part, out, SPLIT=split, num_warps=1, **LAUNCH)
     return out
-
-
-def reference(x):
-    return x.double().sum(-1)

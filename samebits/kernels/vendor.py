@@ -1,0 +1,48 @@
+"""The fast backend: the vendor's torch ops, whose blocking follows the shapes (not batch-invariant), on the CPU; the
+CUDA row (triton/fast.py) takes these and the Triton attention block."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from samebits.kernels.attention import paged_attention_sdpa, run_checked
+from samebits.kernels.kv_cache import write_kv  # noqa: F401 - ops of this backend (ops.OPS), shared with the CPU's
+from samebits.kernels.philox import philox_uniforms  # noqa: F401
+from samebits.kernels.rope import apply_rope as rope  # noqa: F401
+
+linear = F.linear
+matmul = torch.mm
+bmm = torch.bmm
+
+
+def rms_norm(x, w, eps):
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return y.to(x.dtype) * w.to(x.dtype)
+
+
+def add_rms_norm(x, residual, w, eps):
+    s = x + residual
+    return rms_norm(s, w, eps), s
+
+
+def softmax(x, dim=-1):
+    return torch.softmax(x, dim, dtype=torch.float32)
+
+
+def log_softmax(x, dim=-1):
+    return torch.log_softmax(x, dim, dtype=torch.float32)
+
+
+def silu_and_mul(x):
+    i = x.shape[-1] // 2
+    return F.silu(x[..., :i]) * x[..., i:]
+
+
+def det_sum_rows(x):
+    """x [R, n] -> [R] fp32 sums in torch's order (named as the deterministic op it stands in for)."""
+    return x.float().sum(-1)
+
+
+def attention(q, k_cache, v_cache, meta, scale):
+    return run_checked(paged_attention_sdpa, "fast", q, k_cache, v_cache, meta, scale)
