@@ -25,7 +25,8 @@ def _splitk_atomic_kernel(a_ptr, b_ptr, c_ptr, M, N, K, k_per_split,
         # b is W[N, K] row-major, read as its transpose [K, N].
         b = tl.load(b_ptr + rn[None, :] * K + rk[:, None], mask=k_ok[:, None] & (rn[None, :] < N), other=0.0)
         acc += tl.dot(a, b)
-    # THE BUG BEING SHOWN: the order of these float atomic adds is the hardware's, not ours.
+    # samebits: intentionally nondeterministic because this is the bug being shown: the order of these float
+    # atomic adds is the hardware's, not ours.
     tl.atomic_add(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
