@@ -1,4 +1,4 @@
-"""The seed's experiments (sections 1-2), each measured with the shared bit comparison, per implementation.
+"""Seed §1-2's experiments (docs/BACKGROUND.md), each measured with the shared bit comparison, per implementation.
 
 A probe computes the same request two ways (alone vs in a batch, run 1 vs run n, prefill vs decode) and reports, for
 each size, the fraction of output elements whose bits differ and the largest absolute difference.
@@ -42,7 +42,7 @@ class Sizes:
 
 
 DEFAULT = Sizes()
-# The seed's and the H200 baseline's sizes: a 4096-wide layer, 32-head decode over 2048 tokens, a 1B Llama shape.
+# Seed §1's and the H200 baseline's sizes (docs/BACKGROUND.md): a 4096-wide layer, 32-head decode over 2048 tokens, a 1B Llama shape.
 FULL = Sizes(matmul_k=4096, matmul_n=4096, sum_n=1 << 24, sum_row=1 << 17, index_add_n=1 << 20, attn_heads=32, attn_kv_heads=32,
              attn_dim=128, attn_ctx=2048, prefill_lens=(128, 512, 2048), norm_hidden=4096,
              model=LlamaShape(vocab=32000, hidden=2048, intermediate=5632, layers=16, heads=16, kv_heads=8),
@@ -109,7 +109,7 @@ def repeat_runs(compute: Callable[[], object], runs: int) -> tuple[list[Mismatch
 # --- 1. floating point is not associative -----------------------------------------------------------------------------
 
 def probe_associativity(impl: Impl, ctx: Ctx) -> list[ProbeResult]:
-    """The seed's (1e8 + -1e8) + 1 vs 1e8 + (-1e8 + 1) in float32: same numbers, two orders."""
+    """Seed §2.1's (1e8 + -1e8) + 1 vs 1e8 + (-1e8 + 1) in float32: same numbers, two orders."""
     import torch
 
     a, b, c = (torch.tensor(v, dtype=torch.float32, device=ctx.device) for v in (1e8, -1e8, 1.0))
@@ -173,7 +173,7 @@ def probe_run_index_add(impl: Impl, ctx: Ctx) -> list[ProbeResult]:
 
 
 def probe_run_splitk_atomic(impl: Impl, ctx: Ctx) -> list[ProbeResult]:
-    """Vendor column: the seed's 2.2 bug, a split-K matmul whose partial sums land with tl.atomic_add in the order the
+    """Vendor column: seed §2.2's bug, a split-K matmul whose partial sums land with tl.atomic_add in the order the
     hardware finishes them. Samebits column: ops.linear at the same shape."""
     import torch
 
@@ -195,7 +195,7 @@ def _splitk_fn(impl: Impl, x, w):
 
 
 def probe_sum_rows_batch(impl: Impl, ctx: Ctx) -> list[ProbeResult]:
-    """The seed's §5 CUDA route: CUB's reduction (through CuPy) is run-to-run stable; is a row's sum also independent
+    """Seed §5's CUDA route (docs/BACKGROUND.md): CUB's reduction (through CuPy) is run-to-run stable; is a row's sum also independent
     of how many rows share the call? Vendor: CUB on CUDA, torch.sum on CPU. Samebits: the two-stage det_sum."""
     import torch
 

@@ -16,7 +16,7 @@ TILE_CONFIGS["matmul"] = {
         [1 << 62, 256, 128, 64, 8, 3, 8],
     ],
     "why": "K is always accumulated in sequence, one tl.dot per BK step into one fp32 accumulator, never split: "
-    "measured on the H200 (shared/baseline/canonical_probe.py), that order gives the same bits for every tile "
+    "measured on the H200 (docs/BACKGROUND.md, baseline canonical), that order gives the same bits for every tile "
     "shape, so the tile may follow M (small tiles and a deep pipeline for decode, big ones for prefill) while "
     "the K order stays fixed. tests/kernels/test_gpu.py guards that fact on every bucket. Tiles: the fastest of a "
     "sweep on the H200 (benchmarks/kernels.py --sweep; N=4096, K=4096 bf16), where all 28 candidates gave one "
@@ -28,7 +28,7 @@ TILE_CONFIGS["vendor_gemm"] = {
     "config": {"enabled": True, "k_multiple": 64, "min_n": 64, "workspace_kib": "1", "eager_min_gflop": 137.5,
                "test_m": [1, 2, 3, 8, 17, 64, 129, 256, 257, 512, 768, 1024, 1031, 2048, 3001, 4096, 8192]},
     "why": "cuBLASLt with a 1 KiB workspace cannot split K; on the H200 it gave the Triton kernel's bits at every M "
-    "tried (1...8192, K a multiple of 64; shared/baseline/cublas_ws_probe.py and benchmarks/kernels.py), so it is "
+    "tried (1...8192, K a multiple of 64; docs/BACKGROUND.md baseline cublas_ws, and benchmarks/kernels.py), so it is "
     "used only for a weight shape whose self-test (every element equal to the Triton kernel at each test_m) passed "
     "in this process. Speed (benchmarks/kernels.py, H200): in a CUDA graph it matches stock cuBLAS at every M "
     "(M=1: 12.8 us vs Triton 18.4 us); called eagerly torch adds ~0.25 ms of host time per call (its heuristic "
@@ -96,7 +96,7 @@ TILE_CONFIGS["softmax"] = {
 
 TILE_CONFIGS["det_sum"] = {
     "config": {"split": 128, "block": 1024, "num_warps": 4},
-    "why": "The seed's two-stage reduction: n cut into a fixed SPLIT of equal segments of ceil(n/SPLIT) (a "
+    "why": "Seed §4's two-stage reduction (docs/BACKGROUND.md): n cut into a fixed SPLIT of equal segments of ceil(n/SPLIT) (a "
     "function of n alone), each summed by one program in BLOCK-wide steps, then merged in index order "
     "0..SPLIT-1.",
 }

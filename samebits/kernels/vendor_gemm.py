@@ -1,5 +1,5 @@
 """cuBLASLt without workspace for linears, taken only for weight shapes where a self-test proved its bits equal the Triton
-kernel's (both accumulate K in sequence with tensor-core MMA: shared/baseline/README.md): inside CUDA graphs at every
+kernel's (both accumulate K in sequence with tensor-core MMA: docs/BACKGROUND.md, baseline canonical): inside CUDA graphs at every
 M, eagerly only for GEMMs big enough to pay torch's per-call host cost.
 
 Triple: `lt_linear` is the launcher, the Triton `triton/matmul.linear` is the reference it must equal bit for bit, and

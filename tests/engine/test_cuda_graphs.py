@@ -1,5 +1,5 @@
 """Decode CUDA graphs: the static-buffer, padded-batch forward gives the eager forward's bits (CPU checks the
-buffers and padding; the GPU test checks real graph replay against eager, issue 6 item 8)."""
+buffers and padding; the GPU test checks real graph replay against eager)."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""The "bucketed" policy: the fixed-shape serving of the seed's sections 6.1-6.2, without invariant kernels.
+"""The "bucketed" policy: the fixed-shape serving of seed §6.1-6.2 (docs/BACKGROUND.md), without invariant kernels.
 
 A step is either a *prefill* step of ONE sequence whose chunk is padded up to a length bucket (16, 32, 64, ...
 <= budget), or a *decode* step of 1 token per sequence whose row count is padded up to a batch bucket (8, 16, 32,

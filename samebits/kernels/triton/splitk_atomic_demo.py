@@ -1,4 +1,4 @@
-"""DEMONSTRATION OF THE BUG, NOT A SAMEBITS KERNEL: the seed's section 2.2 split-K matmul.
+"""DEMONSTRATION OF THE BUG, NOT A SAMEBITS KERNEL: seed §2.2's split-K matmul (docs/BACKGROUND.md).
 
 K is cut into SPLIT_K slices, one program per slice, and each adds its partial tile into C with `tl.atomic_add`. Float
 addition is not associative and the atomics land in whatever order the hardware finishes the programs, so the same
