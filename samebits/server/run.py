@@ -44,9 +44,9 @@ async def race_disconnect(awaitable: Awaitable, receive):
     return work.result()
 
 
-async def merged(starts: list[Callable[[], AsyncIterator]], map_error) -> AsyncIterator[tuple[int, object]]:
+async def merged(starts: list[Callable[[], AsyncIterator]]) -> AsyncIterator[tuple[int, object]]:
     """Interleave several output iterators as (index, item); closing this closes them all (aborting requests).
-    The first error from any of them is raised here, passed through `map_error`."""
+    The first error from any of them is raised here as the client's error."""
     queue: asyncio.Queue = asyncio.Queue()
     tasks = [asyncio.ensure_future(_pump(i, start, queue)) for i, start in enumerate(starts)]
     remaining = len(tasks)
@@ -108,7 +108,7 @@ def _outputs(state: ServerState, job: Job, final_only: bool = False):
 
     if len(job.subs) == 1:  # the common case skips the merging task and queue: one wake-up less per step
         return _single(start(job.subs[0]))
-    return merged([lambda s=s: start(s) for s in job.subs], map_error)
+    return merged([lambda s=s: start(s) for s in job.subs])
 
 
 async def _single(outputs):
