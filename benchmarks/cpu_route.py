@@ -99,7 +99,7 @@ def speed(progress: Progress) -> list[dict]:
 
 def demo_workload(progress: Progress) -> dict:
     """As `make demo` runs it: each mode in a fresh process."""
-    from samebits.engine import demo
+    from samebits.cli import demo
 
     out = {}
     for mode in ("fast", "deterministic"):

@@ -214,13 +214,14 @@ def run(args) -> dict:
     from samebits.server.app import build_app
     from samebits.server.serve import ServerThread, template
 
-    config = ServerConfig(model=SERVED_NAME, port=0, mode=args.mode, max_waiting=max(1024, args.requests),
-                          max_num_seqs=args.max_num_seqs, log_level="warning")
+    config = ServerConfig.from_dict({"model": SERVED_NAME, "port": 0, "mode": args.mode,
+                                     "max_waiting": max(1024, args.requests), "max_num_seqs": args.max_num_seqs,
+                                     "log_level": "warning"})
     with template(config):
         t0 = time.perf_counter()
         engine = build_engine(args)
         load_s = time.perf_counter() - t0
-        server = ServerThread(build_app(AsyncEngine(engine, max_waiting=config.max_waiting), config), config)
+        server = ServerThread(build_app(AsyncEngine(engine, max_waiting=config.engine.max_waiting), config), config)
         try:
             return measure(args, engine, server.url, load_s)
         finally:

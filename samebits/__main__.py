@@ -1,3 +1,3 @@
-from samebits.cli import main
+from samebits.cli.main import main
 
 main()

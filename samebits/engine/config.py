@@ -4,15 +4,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-MODES = ("deterministic", "fast")
+from samebits.dtypes import normalize_dtype
+from samebits.modes import check_mode
+
 POLICIES = ("dynamic", "bucketed")
 SEED_LIMIT = 2**63
-# torch-free, so dtypes are names; torch.dtype objects are accepted through str() ("torch.bfloat16").
-DTYPE_ALIASES = {
-    "float32": "float32", "fp32": "float32", "float": "float32",
-    "float16": "float16", "fp16": "float16", "half": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-}
 
 
 def _is_int(value) -> bool:
@@ -29,14 +25,6 @@ def _int_at_least(name: str, value, low: int, optional: bool = False) -> None:
         return
     prefix = "None or " if optional else ""
     _require(_is_int(value) and value >= low, f"{name} must be {prefix}an int >= {low}, got {value!r}")
-
-
-def normalize_dtype(dtype) -> str | None:
-    if dtype is None:
-        return None
-    name = str(dtype).removeprefix("torch.").lower()
-    _require(name in DTYPE_ALIASES, f"dtype must be None or one of {sorted(set(DTYPE_ALIASES.values()))}, got {dtype!r}")
-    return DTYPE_ALIASES[name]
 
 
 @dataclass(frozen=True)
@@ -66,7 +54,7 @@ class EngineConfig:
 
     def _check_choices(self) -> None:
         _require(isinstance(self.model, str) and self.model != "", f"model must be a non-empty str, got {self.model!r}")
-        _require(self.mode in MODES, f"mode must be one of {MODES}, got {self.mode!r}")
+        check_mode(self.mode)
         _require(self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}")
         seed_ok = self.seed is None or (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT)
         _require(seed_ok, f"seed must be None or an int in [0, 2**63), got {self.seed!r}")

@@ -10,17 +10,12 @@ from samebits.engine.sampling_params import SamplingParams
 
 
 class LLM:
-    def __init__(self, model: str = "smollm2-135m", mode: str = "deterministic", device: str | None = None,
-                 dtype=None, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
-                 max_model_len: int | None = None, block_size: int = 16, kv_cache_tokens: int | None = None,
-                 enable_prefix_caching: bool = True, policy: str = "dynamic", cuda_graphs: bool = True, **kwargs):
+    def __init__(self, model: str = "smollm2-135m", **engine_kwargs):
+        """`engine_kwargs` are EngineConfig fields (mode, device, dtype, max_num_seqs, ...); an unknown one is an
+        error naming it."""
         from samebits.engine.llm_engine import LLMEngine
 
-        self.config = EngineConfig.from_dict(dict(
-            model=model, mode=mode, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, block_size=block_size,
-            kv_cache_tokens=kv_cache_tokens, enable_prefix_caching=enable_prefix_caching, policy=policy,
-            cuda_graphs=cuda_graphs, **kwargs))
+        self.config = EngineConfig.from_dict({"model": model, **engine_kwargs})
         with self._runtime():
             self.engine = LLMEngine(self.config)
         self._ids = itertools.count()

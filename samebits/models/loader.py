@@ -6,12 +6,10 @@ from pathlib import Path
 
 import torch
 
+from samebits.dtypes import normalize_dtype
 from samebits.models.config import ModelConfig
 from samebits.models.llama import LlamaModel
 from samebits.models.tokenizer import Tokenizer
-
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -33,9 +31,7 @@ def resolve_dtype(dtype, device: str) -> torch.dtype:
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}")
-    return _DTYPES[dtype]
+    return getattr(torch, normalize_dtype(dtype))
 
 
 def resolve_path(name_or_path: str | Path) -> tuple[str, Path]:

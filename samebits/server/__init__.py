@@ -7,6 +7,7 @@ response carries the X-Samebits-* numerics headers and X-Request-Id; generation 
 `seed` in the body), so a sampled response replays exactly when sent again with that seed. Choices carry their
 `token_ids`. Errors are OpenAI error JSON with a 4xx for every client mistake.
 
-Pieces: config (ServerConfig), protocol (request models and checks), serving (endpoints), render (bodies and stream
-chunks), streaming (disconnect watch, SSE), middleware (headers, limits, auth), metrics, app (build_app), serve.
+Pieces: config (ServerConfig, holding the EngineConfig), protocol (request models), requests (parse, check, build a
+Job), run (engine requests, disconnect watch, SSE out), responses (bodies, stream chunks), state (ServerState,
+numerics headers), errors, middleware (headers, limits, auth), metrics, app (build_app, routes), serve.
 """

@@ -1,13 +1,15 @@
 """`build_app(async_engine, server_config)`: the FastAPI application of `samebits serve`."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
 
 from fastapi import FastAPI
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from samebits import __version__
@@ -15,7 +17,10 @@ from samebits.server.errors import APIError, engine_dead, error_response, not_fo
 from samebits.server.metrics import CONTENT_TYPE
 from samebits.server.middleware import GuardMiddleware
 from samebits.server.protocol import ChatRequest, CompletionRequest
-from samebits.server.serving import ServerState, chat_job, completion_job, handle, json_response
+from samebits.server.requests import chat_job, completion_job, read_model
+from samebits.server.responses import json_response
+from samebits.server.run import STATUS_CLIENT_GONE, respond
+from samebits.server.state import ServerState
 
 log = logging.getLogger("samebits.server")
 
@@ -37,6 +42,18 @@ def guarded(fn):
     return wrapper
 
 
+async def handle(state: ServerState, request: Request, model: type[BaseModel], build) -> Response:
+    """One generation request: parse the body, build its Job, run it and respond."""
+    try:
+        req = await read_model(request, model, state.config.max_body_bytes)
+    except ClientDisconnect:
+        state.metrics.disconnects.inc()
+        return Response(status_code=STATUS_CLIENT_GONE)
+    # Off the event loop: tokenising a megabyte prompt or rendering a chat template must not stall other streams.
+    job = await asyncio.to_thread(build, state, req)
+    return await respond(state, request, job, bool(req.stream))
+
+
 def _lifespan(state: ServerState):
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -51,7 +68,7 @@ def _lifespan(state: ServerState):
 
 def _model_card(state: ServerState) -> dict:
     return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "samebits",
-            "root": state.config.model, "max_model_len": state.max_model_len}
+            "root": state.config.engine.model, "max_model_len": state.max_model_len}
 
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:

@@ -1,34 +1,27 @@
-"""`ServerConfig`: every knob of `samebits serve`, one CLI flag per field."""
+"""`ServerConfig`: every knob of `samebits serve`; the engine's knobs are its `EngineConfig`, held, not re-listed."""
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, fields
 
-MODES = ("deterministic", "fast")
+from samebits.engine.config import EngineConfig
+
+# A server bounds its waiting queue (429 past it); the offline engine need not, so the server's default sets it.
+SERVER_ENGINE = EngineConfig(max_waiting=1024)
 
 
-def _positive(name: str, value: int | None, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
+def _positive(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    model: str = "smollm2-135m"
+    engine: EngineConfig = SERVER_ENGINE
     host: str = "127.0.0.1"
     port: int = 8000
-    mode: str = "deterministic"
     api_keys: tuple[str, ...] = ()
     served_model_name: str | None = None
-    device: str | None = None
-    dtype: str | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    enable_prefix_caching: bool = True
-    max_waiting: int = 1024
     max_n: int = 16
     max_logprobs: int = 20
     max_prompts: int = 64
@@ -40,13 +33,16 @@ class ServerConfig:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
+        self._check_engine()
         self._check_address()
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if not self.model:
-            raise ValueError("model must be a name or a path, got an empty string")
         self._check_keys()
         self._check_limits()
+
+    def _check_engine(self) -> None:
+        if not isinstance(self.engine, EngineConfig):
+            raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")  # noqa: TRY004
+        if self.engine.max_waiting is None:
+            raise ValueError("max_waiting must be set for a server (its waiting queue is bounded), got None")
 
     def _check_address(self) -> None:
         try:
@@ -64,25 +60,26 @@ class ServerConfig:
             raise ValueError("api_keys must be non-empty strings")
 
     def _check_limits(self) -> None:
-        _positive("max_model_len", self.max_model_len, allow_none=True)
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "max_n", "max_prompts", "max_stop",
-                     "max_body_bytes", "max_header_count", "max_header_bytes", "timeout_keep_alive"):
+        for name in ("max_n", "max_prompts", "max_stop", "max_body_bytes", "max_header_count", "max_header_bytes",
+                     "timeout_keep_alive"):
             _positive(name, getattr(self, name))
         if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be a non-negative integer, got {self.max_logprobs!r}")
 
     @property
     def model_name(self) -> str:
-        return self.served_model_name or self.model
+        return self.served_model_name or self.engine.model
 
     @classmethod
     def from_dict(cls, data: dict) -> ServerConfig:
-        """Build from a plain mapping (a config file); unknown keys are an error, not silently dropped."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        """Build from one flat mapping of server and engine fields (the serve flags, a config file); unknown keys
+        are an error, not silently dropped."""
+        server = {f.name for f in fields(cls)} - {"engine"}
+        engine = {f.name for f in fields(EngineConfig)}
+        unknown = sorted(set(data) - server - engine)
         if unknown:
             raise ValueError(f"unknown ServerConfig keys: {', '.join(unknown)}")
-        values = dict(data)
+        values = {k: v for k, v in data.items() if k in server}
         if "api_keys" in values:
             values["api_keys"] = tuple(values["api_keys"])
-        return cls(**values)
+        return cls(engine=SERVER_ENGINE.replace(**{k: v for k, v in data.items() if k in engine}), **values)

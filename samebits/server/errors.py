@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+import re
 
 from starlette.responses import Response
+
+from samebits.engine.async_engine import EngineDead, QueueFull
 
 
 class APIError(Exception):
@@ -55,6 +58,25 @@ def error_response(err: APIError, headers: dict | None = None) -> Response:
     return Response(json.dumps(err.body()), status_code=err.status, headers=headers, media_type="application/json")
 
 
+def field_of(message: str) -> str | None:
+    """The field a ValueError names: engine and SamplingParams messages begin with it ("top_p must be ...")."""
+    m = re.match(r"^([a-z_]+)\b", message)
+    return m.group(1) if m else None
+
+
+def map_error(e: BaseException) -> APIError:
+    """Engine-side exceptions -> what the client sees."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, QueueFull):
+        return queue_full(e.limit)
+    if isinstance(e, EngineDead):
+        return engine_dead()
+    if isinstance(e, ValueError):
+        return invalid(str(e), field_of(str(e)))
+    return APIError(500, f"internal error: {type(e).__name__}", "server_error", None, "internal_error")
+
+
 def validation_message(error: dict) -> tuple[str, str | None]:
     """A pydantic error dict -> (message naming the field, param)."""
     loc = [str(p) for p in error.get("loc", ()) if p not in ("body",)]
@@ -68,3 +90,7 @@ def validation_message(error: dict) -> tuple[str, str | None]:
 def _is_type_tag(part: str) -> bool:
     return part in ("str", "int", "float", "list[str]", "list[int]", "list[list[int]]", "bool") or part.startswith(
         ("function-", "list[", "dict[", "literal[", "tagged-union", "union["))
+
+
+def aborted() -> APIError:
+    return APIError(503, "The request was aborted by the server before it finished.", "server_error", None, "aborted")

@@ -26,25 +26,17 @@ def uvicorn_config(app, config: ServerConfig, **overrides):
     return uvicorn.Config(app, **values)
 
 
-def engine_config(config: ServerConfig):
-    from samebits.engine.config import EngineConfig
-
-    return EngineConfig(model=config.model, mode=config.mode, device=config.device, dtype=config.dtype,
-                        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-                        max_model_len=config.max_model_len, enable_prefix_caching=config.enable_prefix_caching)
-
-
 def build_async_engine(config: ServerConfig):
     from samebits.engine.async_engine import AsyncEngine
     from samebits.engine.llm_engine import LLMEngine
 
-    return AsyncEngine(LLMEngine(engine_config(config)), max_waiting=config.max_waiting)
+    return AsyncEngine(LLMEngine(config.engine), max_waiting=config.engine.max_waiting)
 
 
 @contextlib.contextmanager
 def template(config: ServerConfig):
     """The deterministic deployment template for the whole life of the server (nothing in fast mode)."""
-    if config.mode != "deterministic":
+    if config.engine.mode != "deterministic":
         yield
         return
     from samebits.runtime import RuntimeTemplateError, deterministic_runtime

@@ -50,8 +50,8 @@ def start_server(engine, **overrides) -> LiveServer:
     from samebits.server.config import ServerConfig
     from samebits.server.serve import ServerThread
 
-    config = ServerConfig(**{"model": MODEL_NAME, "port": 0, "log_level": "warning", **overrides})
-    async_engine = AsyncEngine(engine, max_waiting=config.max_waiting)
+    config = ServerConfig.from_dict({"model": MODEL_NAME, "port": 0, "log_level": "warning", **overrides})
+    async_engine = AsyncEngine(engine, max_waiting=config.engine.max_waiting)
     app = build_app(async_engine, config)
     thread = ServerThread(app, config)
     return LiveServer(thread.url, app, async_engine, config, thread)

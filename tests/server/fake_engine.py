@@ -74,12 +74,15 @@ class FakeLLMEngine:
         return {"samebits": "0.1.0", "torch": "fake", "cuda_runtime": None, "cublas": None, "driver": None,
                 "mode": "deterministic", "numerics_profile": "fakeprofile", "hash": "fakehash0123"}
 
-    def add_request(self, request_id, prompt_token_ids, params, prompt=None) -> None:
-        if request_id in self.requests:
-            raise ValueError(f"request_id {request_id!r} already exists")
+    def validate(self, prompt_token_ids, params) -> None:
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(f"max_tokens {params.max_tokens} + prompt {len(prompt_token_ids)} exceeds "
                              f"max_model_len {self.max_model_len}")
+
+    def add_request(self, request_id, prompt_token_ids, params, prompt=None) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} already exists")
+        self.validate(prompt_token_ids, params)
         seed = params.seed if params.seed is not None else _h("seed", request_id) % 2**63
         samples = [CompletionOutput(i, "", [], [] if params.logprobs is not None else None,
                                     [] if params.logprobs else None) for i in range(params.n)]

@@ -9,6 +9,7 @@ import openai
 import pytest
 from typer.testing import CliRunner
 
+from samebits.engine.config import EngineConfig
 from samebits.server.config import ServerConfig
 from samebits.server.middleware import key_matches
 from tests.server.conftest import MODEL_NAME, make_engine, start_server
@@ -49,18 +50,32 @@ def test_key_matches_constant_time_helper():
     assert key_matches(b"key-two", keys) and not key_matches(b"key-tw", keys) and not key_matches(None, keys)
 
 
-@pytest.mark.parametrize("bad", [{"port": 70000}, {"port": -1}, {"host": "example.com"}, {"mode": "turbo"},
-                                 {"max_n": 0}, {"max_waiting": -1}, {"max_body_bytes": 0}, {"model": ""},
-                                 {"api_keys": ["a"]}, {"api_keys": ("",)}, {"max_logprobs": -1},
-                                 {"max_model_len": 0}, {"max_num_seqs": True}])
+@pytest.mark.parametrize("bad", [{"port": 70000}, {"port": -1}, {"host": "example.com"}, {"max_n": 0},
+                                 {"max_body_bytes": 0}, {"api_keys": ["a"]}, {"api_keys": ("",)},
+                                 {"max_logprobs": -1}])
 def test_server_config_rejects(bad):
     with pytest.raises(ValueError):
         ServerConfig(**bad)
 
 
+@pytest.mark.parametrize("bad", [{"mode": "turbo"}, {"max_waiting": -1}, {"model": ""}, {"max_model_len": 0},
+                                 {"max_num_seqs": True}, {"port": 70000}, {"api_keys": [""]}])
+def test_server_config_from_flat_fields_rejects(bad):
+    field = next(iter(bad))
+    with pytest.raises(ValueError, match=field):
+        ServerConfig.from_dict(bad)
+
+
+@pytest.mark.parametrize("bad", [{"engine": {"model": "x"}}, {"engine": EngineConfig()}])
+def test_server_config_needs_an_engine_config_with_a_bounded_queue(bad):
+    with pytest.raises(ValueError, match="engine must be an EngineConfig|max_waiting must be set"):
+        ServerConfig(**bad)
+
+
 def test_server_config_defaults_frozen_and_unknown_keys():
     cfg = ServerConfig()
-    assert cfg.host == "127.0.0.1" and cfg.mode == "deterministic" and cfg.max_n == 16 and cfg.api_keys == ()
+    assert cfg.host == "127.0.0.1" and cfg.engine.mode == "deterministic" and cfg.max_n == 16 and cfg.api_keys == ()
+    assert cfg.engine.max_waiting == 1024 and cfg.model_name == cfg.engine.model == "smollm2-135m"
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.port = 1
     with pytest.raises(ValueError, match="unknown ServerConfig keys: colour"):
@@ -68,14 +83,54 @@ def test_server_config_defaults_frozen_and_unknown_keys():
     assert ServerConfig.from_dict({"api_keys": ["k"]}).api_keys == ("k",)
 
 
+def test_server_fields_do_not_shadow_engine_fields():
+    server = {f.name for f in dataclasses.fields(ServerConfig)}
+    assert not server & {f.name for f in dataclasses.fields(EngineConfig)}
+
+
 def test_serve_flags_map_one_to_one_to_config_fields():
+    import inspect
+
     from samebits.cli import app
 
     command = next(c for c in app.registered_commands if c.callback.__name__ == "serve")
-    import inspect
-
     params = set(inspect.signature(command.callback).parameters)
-    assert params == {f.name for f in dataclasses.fields(ServerConfig)}
+    engine = {f.name for f in dataclasses.fields(EngineConfig)}
+    assert params == ({f.name for f in dataclasses.fields(ServerConfig)} - {"engine"}) | engine
+
+
+# A value other than the default for every field, and the flags that set it.
+NON_DEFAULT_FLAGS = {
+    "model": ["--model", "m"], "mode": ["--mode", "fast"], "policy": ["--policy", "bucketed"],
+    "device": ["--device", "cpu"], "dtype": ["--dtype", "bfloat16"], "max_num_seqs": ["--max-num-seqs", "8"],
+    "max_num_batched_tokens": ["--max-num-batched-tokens", "64"], "max_model_len": ["--max-model-len", "128"],
+    "block_size": ["--block-size", "32"], "kv_cache_tokens": ["--kv-cache-tokens", "4096"],
+    "enable_prefix_caching": ["--no-enable-prefix-caching"], "cuda_graphs": ["--no-cuda-graphs"],
+    "seed": ["--seed", "7"], "max_waiting": ["--max-waiting", "5"],
+    "host": ["--host", "0.0.0.0"], "port": ["--port", "9"], "api_keys": ["--api-key", "a", "--api-key", "b"],
+    "served_model_name": ["--served-model-name", "s"], "max_n": ["--max-n", "2"], "max_logprobs": ["--max-logprobs", "3"],
+    "max_prompts": ["--max-prompts", "4"], "max_stop": ["--max-stop", "5"], "max_body_bytes": ["--max-body-bytes", "6"],
+    "max_header_count": ["--max-header-count", "7"], "max_header_bytes": ["--max-header-bytes", "8"],
+    "timeout_keep_alive": ["--timeout-keep-alive", "9"], "log_level": ["--log-level", "debug"],
+}
+
+
+def test_every_config_field_is_reachable_from_serve_flags(monkeypatch):
+    import samebits.server.serve as serve_mod
+    from samebits.cli import app
+
+    seen = []
+    monkeypatch.setattr(serve_mod, "serve", seen.append)
+    fields = {f.name for f in dataclasses.fields(ServerConfig)} - {"engine"}
+    assert set(NON_DEFAULT_FLAGS) == fields | {f.name for f in dataclasses.fields(EngineConfig)}
+    result = CliRunner().invoke(app, ["serve", *[a for flags in NON_DEFAULT_FLAGS.values() for a in flags]])
+    assert result.exit_code == 0, result.output
+    [config] = seen
+    default = ServerConfig()
+    for name in NON_DEFAULT_FLAGS:
+        holder, base = (config.engine, default.engine) if name not in fields else (config, default)
+        assert getattr(holder, name) != getattr(base, name), name
+    assert config.api_keys == ("a", "b") and config.engine.block_size == 32 and config.engine.seed == 7
 
 
 def test_serve_refuses_when_the_template_cannot_be_applied(monkeypatch):

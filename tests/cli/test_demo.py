@@ -2,7 +2,7 @@
 from typer.testing import CliRunner
 
 from samebits.cli import app
-from samebits.engine.demo import _busy_batch, _cell
+from samebits.cli.demo import _busy_batch, _cell
 from samebits.models.testing import write_tiny_checkpoint
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from samebits.server.render import ChoiceCursor, dumps, lp, safe_text
+from samebits.server.responses import ChoiceCursor, dumps, lp, safe_text
 
 
 def test_safe_text_holds_back_partial_characters_and_stop_prefixes():

@@ -1,11 +1,20 @@
-"""Running engine requests for one HTTP request: merging several, watching for the client leaving, SSE out."""
+"""Running one HTTP request's engine requests: merged outputs, a watch for the client leaving, then the whole body
+or the SSE stream."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from starlette.requests import Request
 from starlette.responses import Response
+
+from samebits.server.errors import aborted, map_error
+from samebits.server.requests import Job, Sub
+from samebits.server.responses import StreamWriter, chat_body, json_response, text_body
+from samebits.server.state import ServerState
+
+STATUS_CLIENT_GONE = 499  # nginx's convention; nobody reads it, but logs and metrics do
 
 
 class ClientGone(Exception):
@@ -35,9 +44,9 @@ async def race_disconnect(awaitable: Awaitable, receive):
     return work.result()
 
 
-async def merged(starts: list[Callable[[], AsyncIterator]], map_error) -> AsyncIterator[tuple[int, object]]:
+async def merged(starts: list[Callable[[], AsyncIterator]]) -> AsyncIterator[tuple[int, object]]:
     """Interleave several output iterators as (index, item); closing this closes them all (aborting requests).
-    The first error from any of them is raised here, passed through `map_error`."""
+    The first error from any of them is raised here as the client's error."""
     queue: asyncio.Queue = asyncio.Queue()
     tasks = [asyncio.ensure_future(_pump(i, start, queue)) for i, start in enumerate(starts)]
     remaining = len(tasks)
@@ -89,3 +98,64 @@ class SSEResponse(Response):
             async for chunk in chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+# ---- running jobs ----------------------------------------------------------------------------------------------
+def _outputs(state: ServerState, job: Job, final_only: bool = False):
+    """(sub-request index, cumulative output) pairs of all the job's engine requests."""
+    def start(s: Sub):
+        return state.ae.generate(s.request_id, s.ids, job.params, prompt=s.text, final_only=final_only)
+
+    if len(job.subs) == 1:  # the common case skips the merging task and queue: one wake-up less per step
+        return _single(start(job.subs[0]))
+    return merged([lambda s=s: start(s) for s in job.subs])
+
+
+async def _single(outputs):
+    try:
+        async with contextlib.aclosing(outputs) as it:
+            async for out in it:
+                yield 0, out
+    except Exception as e:  # noqa: BLE001 - every engine-side error becomes an HTTP error
+        raise map_error(e) from None
+
+
+async def _collect(state: ServerState, job: Job) -> list:
+    last: dict[int, object] = {}
+    async with contextlib.aclosing(_outputs(state, job, final_only=True)) as outputs:
+        async for i, out in outputs:
+            last[i] = out
+    if len(last) != len(job.subs) or not all(o.finished for o in last.values()):
+        raise aborted()
+    return [last[i] for i in range(len(job.subs))]
+
+
+def _job_headers(job: Job) -> dict[str, str]:
+    return {"X-Samebits-Seed": str(job.meta.seed)}
+
+
+async def respond(state: ServerState, request: Request, job: Job, stream: bool) -> Response:
+    if stream:
+        return await _respond_stream(state, request, job)
+    try:
+        outs = await race_disconnect(_collect(state, job), request.receive)
+    except ClientGone:
+        state.metrics.disconnects.inc()
+        return Response(status_code=STATUS_CLIENT_GONE)
+    body = (text_body if job.kind == "text" else chat_body)(state, job, outs)
+    return json_response(body, _job_headers(job))
+
+
+async def _respond_stream(state: ServerState, request: Request, job: Job) -> Response:
+    outputs = _outputs(state, job)
+    try:
+        # The first output is awaited before the 200 goes out, so a full queue or a bad request gets its status code.
+        first = await race_disconnect(outputs.__anext__(), request.receive)
+    except ClientGone:
+        state.metrics.disconnects.inc()
+        await outputs.aclose()
+        return Response(status_code=STATUS_CLIENT_GONE)
+    except StopAsyncIteration:
+        raise aborted() from None
+    chunks = StreamWriter(state, job).events(first, outputs)
+    return SSEResponse(chunks, _job_headers(job), state.metrics.disconnects.inc)

@@ -4,12 +4,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from samebits.cli.options import field_flags, with_flags
+from samebits.modes import check_mode
+from samebits.server.config import ServerConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="samebits: same request, same bits.")
 console = Console()
@@ -22,12 +25,11 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-MODES = ("fast", "deterministic")
-
-
 def _check_mode(mode: str) -> None:
-    if mode not in MODES:
-        fail(f"unknown mode {mode!r}; use {' or '.join(MODES)}")
+    try:
+        check_mode(mode)
+    except ValueError as e:
+        fail(str(e))
 
 
 def _print_json_or_table(data: dict, title: str, as_json: bool) -> None:
@@ -153,9 +155,9 @@ def verify_lock_cmd(path: Path = typer.Argument(Path("samebits.lock")),
 def probe(
     device: str = typer.Option("cpu", help="cpu or cuda"),
     full: bool = typer.Option(False, "--full", help="The seed's sizes (meant for a GPU)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON."),
-    plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: mismatch vs batch size."),
-    only: Optional[str] = typer.Option(None, help="Comma-separated probe names."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON."),
+    plot_path: Path | None = typer.Option(None, "--plot", help="Write a PNG: mismatch vs batch size."),
+    only: str | None = typer.Option(None, help="Comma-separated probe names."),
 ):
     """Reproduce the problem: the seed's experiments, vendor vs samebits."""
     from samebits.diagnostics.cli import probe_command
@@ -184,11 +186,11 @@ def models():
 @app.command()
 def demo(
     model: str = typer.Option("smollm2-135m"),
-    device: Optional[str] = typer.Option(None),
-    json_path: Optional[Path] = typer.Option(None, "--json"),
+    device: str | None = typer.Option(None),
+    json_path: Path | None = typer.Option(None, "--json"),
 ):
     """The main job: 16 prompts alone vs in a busy batch, fast vs deterministic mode."""
-    from samebits.engine.demo import demo_command
+    from samebits.cli.demo import demo_command
 
     demo_command(model=model, device=device, json_path=json_path, fail=fail)
 
@@ -200,50 +202,43 @@ def generate(
     mode: str = typer.Option("deterministic"),
     max_tokens: int = typer.Option(32),
     temperature: float = typer.Option(0.0),
-    seed: Optional[int] = typer.Option(None),
+    seed: int | None = typer.Option(None),
     chat: bool = typer.Option(True, help="Apply the model's chat template."),
-    device: Optional[str] = typer.Option(None),
+    device: str | None = typer.Option(None),
 ):
     """Generate for one-off prompts."""
-    from samebits.engine.demo import generate_command
+    from samebits.cli.demo import generate_command
 
     generate_command(prompt, model=model, mode=mode, max_tokens=max_tokens, temperature=temperature, seed=seed,
                      chat=chat, device=device, fail=fail)
 
 
-@app.command()
-def serve(
-    model: str = typer.Option("smollm2-135m", help="Model name or path."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
-    port: int = typer.Option(8000),
-    mode: str = typer.Option("deterministic", help="deterministic or fast"),
-    api_keys: list[str] = typer.Option([], "--api-key", help="Accepted bearer key (repeat for several)."),
-    served_model_name: Optional[str] = typer.Option(None, help="Model name clients send (default: --model)."),
-    device: Optional[str] = typer.Option(None),
-    dtype: Optional[str] = typer.Option(None),
-    max_model_len: Optional[int] = typer.Option(None),
-    max_num_seqs: int = typer.Option(256),
-    max_num_batched_tokens: int = typer.Option(2048),
-    enable_prefix_caching: bool = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching"),
-    max_waiting: int = typer.Option(1024, help="Waiting requests before 429."),
-    max_n: int = typer.Option(16),
-    max_logprobs: int = typer.Option(20),
-    max_prompts: int = typer.Option(64, help="Prompts in one completion request."),
-    max_stop: int = typer.Option(16, help="Stop strings (and stop token ids) in one request."),
-    max_body_bytes: int = typer.Option(4 * 1024 * 1024),
-    max_header_count: int = typer.Option(64),
-    max_header_bytes: int = typer.Option(16 * 1024),
-    timeout_keep_alive: int = typer.Option(5),
-    log_level: str = typer.Option("info"),
-):
-    """The OpenAI-compatible HTTP server (same request, same bits, with numerics headers)."""
-    from samebits.server.config import ServerConfig
-    from samebits.server.serve import ServeError, serve as run_server
+SERVE_HELP = {
+    "model": "Model name or path.",
+    "host": "Address to bind (loopback by default).",
+    "mode": "deterministic or fast",
+    "policy": "dynamic or bucketed (the seed's shape buckets and fixed batch windows).",
+    "api_keys": "Accepted bearer key (repeat for several).",
+    "served_model_name": "Model name clients send (default: --model).",
+    "max_waiting": "Waiting requests before 429.",
+    "max_prompts": "Prompts in one completion request.",
+    "max_stop": "Stop strings (and stop token ids) in one request.",
+    "kv_cache_tokens": "KV cache size in tokens (default: what the device memory allows).",
+    "seed": "Seed of the server's seed stream for requests that send none.",
+}
+# One flag per field: the engine's fields first, then the server's own, each defaulting to the server's default.
+SERVE_FLAGS = field_flags(ServerConfig().engine, SERVE_HELP) + field_flags(ServerConfig(), SERVE_HELP, skip=("engine",))
 
-    values = {k: v for k, v in locals().items() if k not in ("ServerConfig", "ServeError", "run_server")}
+
+@app.command()
+@with_flags(SERVE_FLAGS)
+def serve(values: dict):
+    """The OpenAI-compatible HTTP server (same request, same bits, with numerics headers)."""
+    from samebits.server.serve import ServeError
+    from samebits.server.serve import serve as run_server
+
     try:
-        config = ServerConfig(**{**values, "api_keys": tuple(api_keys)})
-        run_server(config)
+        run_server(ServerConfig.from_dict(values))
     except (ValueError, ServeError, OSError) as e:  # bad flags, no template, no model: one line, no traceback
         fail(str(e))
 

@@ -1,0 +1,43 @@
+"""Typer options generated from config dataclasses: one flag per field, so a new field cannot lack its flag."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import typing
+
+import typer
+
+# Repeatable flags are named for one value (`--api-key A --api-key B` fills `api_keys`).
+FLAG_NAMES = {"api_keys": "--api-key"}
+
+
+def field_flags(config, help: dict[str, str], skip: tuple[str, ...] = ()) -> list[inspect.Parameter]:
+    """One keyword parameter per field of the dataclass instance `config`, its value the flag's default."""
+    hints = typing.get_type_hints(type(config))
+    return [_flag(f.name, getattr(config, f.name), hints[f.name], help.get(f.name))
+            for f in dataclasses.fields(config) if f.name not in skip]
+
+
+def _flag(name: str, default, hint, help: str | None) -> inspect.Parameter:
+    if typing.get_origin(hint) is tuple:  # typer's tuples have a fixed length; a repeated flag gives a list
+        hint, default = list[typing.get_args(hint)[0]], list(default)
+    decls = (FLAG_NAMES[name],) if name in FLAG_NAMES else ()
+    option = typer.Option(default, *decls, help=help, show_default=default is not None)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=hint)
+
+
+def with_flags(parameters: list[inspect.Parameter]):
+    """Give `fn(values: dict)` a typer signature of `parameters`; typer calls it with every flag's value."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def command(**values):
+            return fn(values)
+
+        del command.__wrapped__  # else inspect.signature reads fn's one-argument signature
+        command.__signature__ = inspect.Signature(parameters)
+        command.__annotations__ = {}
+        return command
+
+    return decorate

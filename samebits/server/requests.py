@@ -1,0 +1,296 @@
+"""An HTTP request -> a Job. Parse: the JSON body into its protocol model. Check: what SamplingParams cannot know (the
+body's shape, this server's limits, the vocabulary). Build: prompt token ids and SamplingParams, whose construction
+checks every sampling value, then the engine's own check of the prompts and the context length. Every ValueError of
+those two becomes the OpenAI 400 naming the request's field."""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from samebits.engine.sampling_params import SamplingParams
+from samebits.server.errors import APIError, field_of, invalid, too_large, validation_message
+from samebits.server.protocol import ChatMessage, ChatRequest, CompletionRequest, ContentPart
+from samebits.server.state import ServerState
+
+# A union field's pydantic errors name each member; the client needs one sentence.
+UNION_HINTS = {
+    "prompt": "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists",
+    "stop": "stop must be a string or a list of strings",
+}
+ROLES = ("system", "developer", "user", "assistant", "tool")
+# How the engine's context-length refusal begins; the server words it per endpoint, as OpenAI does.
+CONTEXT_REFUSAL = "This model's maximum context length"
+
+
+@dataclass
+class Sub:
+    """One engine request of an HTTP request (a completion request with a list of prompts has several)."""
+
+    request_id: str
+    ids: list[int]
+    text: str | None
+
+
+@dataclass
+class Meta:
+    """What every body of one response shares."""
+
+    id: str
+    created: int
+    model: str
+    system_fingerprint: str
+    seed: int
+
+    def head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": self.system_fingerprint, "seed": self.seed}
+
+
+@dataclass
+class Job:
+    kind: str  # "text" | "chat"
+    meta: Meta
+    subs: list[Sub]
+    params: SamplingParams
+    stops: list[str]
+    echo: bool
+    logprobs: bool
+    include_usage: bool
+
+
+# ---- parse -----------------------------------------------------------------------------------------------------
+async def read_model(request: Request, model: type[BaseModel], limit: int) -> BaseModel:
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";")[0].strip().lower() != "application/json":
+        raise APIError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}.",
+                       code="unsupported_media_type")
+    body = await _read_body(request, limit)
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise _validation_error(e) from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _validation_error(e: ValidationError) -> APIError:
+    errors = e.errors(include_url=False)
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return invalid(f"The body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None,
+                       "invalid_json")
+    message, param = validation_message(first)
+    if param in UNION_HINTS and all(validation_message(x)[1] == param for x in errors):
+        message = f"{UNION_HINTS[param]} (got {_got(first)})"
+    return invalid(message, param)
+
+
+def _got(error: dict) -> str:
+    value = repr(error.get("input"))
+    return value if len(value) <= 60 else value[:57] + "..."
+
+
+# ---- check -----------------------------------------------------------------------------------------------------
+def stop_list(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
+def _check_limits(req, max_n: int, max_stop: int, vocab_size: int) -> None:
+    if req.n is not None and not 1 <= req.n <= max_n:
+        raise invalid(f"n must be in [1, {max_n}] (this server's maximum), got {req.n}", "n")
+    stops = stop_list(req.stop)
+    if len(stops) > max_stop:
+        raise invalid(f"stop may hold at most {max_stop} strings, got {len(stops)}", "stop")
+    ids = req.stop_token_ids or []
+    if len(ids) > max_stop:
+        raise invalid(f"stop_token_ids may hold at most {max_stop} ids, got {len(ids)}", "stop_token_ids")
+    for t in ids:
+        if not 0 <= t < vocab_size:
+            raise invalid(f"stop_token_ids: token id {t} is outside the vocabulary [0, {vocab_size})",
+                          "stop_token_ids")
+
+
+def _check_unsupported(req) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value not in (None, 0, 0.0):
+            raise invalid(f"{name} is not supported by samebits; send 0 or leave it out (got {value})", name)
+    if req.logit_bias:
+        raise invalid("logit_bias is not supported by samebits; leave it out", "logit_bias")
+
+
+def _check_logprobs(value: int | None, limit: int, param: str) -> None:
+    if value is not None and not 0 <= value <= limit:
+        raise invalid(f"{param} must be in [0, {limit}], got {value}", param)
+
+
+def _check_completion(req: CompletionRequest, max_logprobs: int) -> None:
+    _check_logprobs(req.logprobs, max_logprobs, "logprobs")
+    if req.echo and req.logprobs is not None:
+        raise invalid("echo together with logprobs is not supported (no prompt logprobs)", "echo")
+    if req.best_of is not None and req.best_of != (req.n or 1):
+        raise invalid(f"best_of must equal n ({req.n or 1}) in samebits, got {req.best_of}", "best_of")
+    if req.suffix:
+        raise invalid("suffix is not supported by samebits; leave it out", "suffix")
+
+
+def _check_chat(req: ChatRequest, max_logprobs: int) -> None:
+    _check_logprobs(req.top_logprobs, max_logprobs, "top_logprobs")
+    if req.top_logprobs and not req.logprobs:
+        raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
+    if not req.messages:
+        raise invalid("messages must hold at least one message", "messages")
+    for i, m in enumerate(req.messages):
+        _check_message(i, m)
+
+
+def _check_message(i: int, m: ChatMessage) -> None:
+    if m.role not in ROLES:
+        raise invalid(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.role!r}", "messages")
+    if isinstance(m.content, list):
+        for part in m.content:
+            if part.type != "text" or part.text is None:
+                raise invalid(f"messages[{i}].content: only text parts are supported, got type {part.type!r}",
+                              "messages")
+
+
+def _check_request(state: ServerState, req) -> None:
+    cfg = state.config
+    state.check_model(req.model)
+    _check_limits(req, cfg.max_n, cfg.max_stop, state.vocab_size)
+    _check_unsupported(req)
+
+
+# ---- build -----------------------------------------------------------------------------------------------------
+def _sampling_params(req, max_tokens: int, seed: int, logprobs: int | None,
+                     fields: dict[str, str]) -> SamplingParams:
+    """SamplingParams checks every value; its error names its own field, renamed to the request's by `fields`."""
+    top_k = -1 if req.top_k in (None, 0) else req.top_k  # 0 is OpenAI's and vLLM's "off" too
+    try:
+        return SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k,
+            min_p=0.0 if req.min_p is None else req.min_p, max_tokens=max_tokens, stop=stop_list(req.stop) or None,
+            stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, seed=seed, n=req.n or 1,
+            logprobs=logprobs)
+    except ValueError as e:
+        message, field = str(e), field_of(str(e))
+        name = fields.get(field, field)
+        raise invalid(name + message[len(field):] if field else message, name) from None
+
+
+def _engine_checked(state: ServerState, subs: list[Sub], params: SamplingParams, where: str) -> None:
+    """The engine's check of each prompt (token ids, context length), before any of them is queued."""
+    for sub in subs:
+        try:
+            state.engine.validate(sub.ids, params)
+        except ValueError as e:
+            raise _refusal(str(e), state.max_model_len, len(sub.ids), params.max_tokens, where) from None
+
+
+def _refusal(message: str, limit: int, prompt_len: int, max_tokens: int, where: str) -> APIError:
+    if not message.startswith(CONTEXT_REFUSAL):
+        return invalid(message, field_of(message))
+    if prompt_len >= limit:
+        return invalid(f"This model's maximum context length is {limit} tokens. However, your {where} has "
+                       f"{prompt_len} tokens. Please reduce the length of the {where}.", where)
+    return invalid(f"This model's maximum context length is {limit} tokens. However, you requested "
+                   f"{prompt_len + max_tokens} tokens ({prompt_len} in the {where}, {max_tokens} in the "
+                   f"completion). Please reduce the length of the {where} or completion.", "max_tokens")
+
+
+def _new_meta(state: ServerState, prefix: str, seed: int) -> Meta:
+    return Meta(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), state.model_name, str(state.fingerprint["hash"]),
+                seed)
+
+
+def _completion_prompts(state: ServerState, prompt) -> list[tuple[str | None, list[int]]]:
+    items = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
+    if not items:
+        raise invalid("prompt must not be empty", "prompt")
+    if len(items) > state.config.max_prompts:
+        raise invalid(f"prompt may hold at most {state.config.max_prompts} prompts, got {len(items)}", "prompt")
+    return [_one_prompt(state, p) for p in items]
+
+
+def _one_prompt(state: ServerState, p) -> tuple[str | None, list[int]]:
+    ids = state.tokenizer.encode(p) if isinstance(p, str) else list(p)
+    if not ids or p == "":
+        raise invalid("prompt must not be empty (an empty string or an empty token list)", "prompt")
+    return (p if isinstance(p, str) else None), ids
+
+
+def _seed(state: ServerState, req) -> int:
+    return req.seed if req.seed is not None else state.draw_seed()
+
+
+def _include_usage(req) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
+
+
+def completion_job(state: ServerState, req: CompletionRequest) -> Job:
+    _check_request(state, req)
+    _check_completion(req, state.config.max_logprobs)
+    prompts = _completion_prompts(state, req.prompt)
+    seed = _seed(state, req)
+    params = _sampling_params(req, 16 if req.max_tokens is None else req.max_tokens, seed, req.logprobs, {})
+    meta = _new_meta(state, "cmpl", seed)
+    subs = [Sub(f"{meta.id}-{i}", ids, text) for i, (text, ids) in enumerate(prompts)]
+    _engine_checked(state, subs, params, "prompt")
+    return Job("text", meta, subs, params, stop_list(req.stop), bool(req.echo), req.logprobs is not None,
+               _include_usage(req))
+
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as the chat template expects them: text content joined, None content as ''."""
+    return [{"role": m.role, "content": _text(m.content), **({"name": m.name} if m.name else {})} for m in messages]
+
+
+def _text(content: str | list[ContentPart] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.text or "" for p in content)
+
+
+def _chat_ids(state: ServerState, req: ChatRequest) -> list[int]:
+    try:
+        text = state.tokenizer.apply_chat_template(message_dicts(req.messages), add_generation_prompt=True)
+    # The template's own raise_exception (e.g. "roles must alternate") is the client's problem, whatever its type.
+    except Exception as e:  # noqa: BLE001
+        raise invalid(f"messages cannot be rendered by the chat template: {e}", "messages") from None
+    return state.tokenizer.encode(text, add_special_tokens=False)
+
+
+def chat_job(state: ServerState, req: ChatRequest) -> Job:
+    _check_request(state, req)
+    _check_chat(req, state.config.max_logprobs)
+    ids = _chat_ids(state, req)
+    named = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    requested = getattr(req, named)
+    max_tokens = requested if requested is not None else max(1, state.max_model_len - len(ids))
+    seed = _seed(state, req)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = _sampling_params(req, max_tokens, seed, logprobs, {"max_tokens": named, "logprobs": "top_logprobs"})
+    meta = _new_meta(state, "chatcmpl", seed)
+    subs = [Sub(f"{meta.id}-0", ids, None)]
+    _engine_checked(state, subs, params, "messages")
+    return Job("chat", meta, subs, params, stop_list(req.stop), False, bool(req.logprobs), _include_usage(req))

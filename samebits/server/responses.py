@@ -1,0 +1,236 @@
+"""RequestOutputs -> OpenAI responses: JSON bodies, and the SSE stream whose chunks concatenate to the same body.
+
+Logprobs are float32 values held in Python floats; `json.dumps` writes the shortest repr that round-trips the float64,
+and a float64 holding a float32 value converts back to the same float32 bits, so the bits survive the trip.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.responses import Response
+
+from samebits.server.errors import map_error
+from samebits.server.requests import Job, Sub
+from samebits.server.state import ServerState
+
+# JSON has no -inf; OpenAI-compatible servers send this instead (vLLM does the same).
+NEG_INF_LOGPROB = -9999.0
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def lp(value: float) -> float:
+    value = float(value)
+    return value if math.isfinite(value) else NEG_INF_LOGPROB
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+# ---- logprobs -------------------------------------------------------------------------------------------------------
+def completion_logprobs(tok: Callable[[int], str], ids: list[int], lps: list[float],
+                        tops: list[dict] | None, offset: int) -> dict:
+    """The legacy completions shape: parallel lists of tokens, logprobs, top alternatives and text offsets."""
+    tokens = [tok(t) for t in ids]
+    offsets = []
+    for s in tokens:
+        offsets.append(offset)
+        offset += len(s)
+    top = None if tops is None else [{tok(k): lp(v) for k, v in _items(d)} for d in tops]
+    return {"tokens": tokens, "token_logprobs": [lp(v) for v in lps], "top_logprobs": top, "text_offset": offsets}
+
+
+def chat_logprobs(tok: Callable[[int], str], ids: list[int], lps: list[float], tops: list[dict] | None) -> dict:
+    content = []
+    for i, (t, v) in enumerate(zip(ids, lps)):
+        alts = [] if tops is None else [_chat_token(tok(k), w) for k, w in _items(tops[i])]
+        content.append({**_chat_token(tok(t), v), "top_logprobs": alts})
+    return {"content": content, "refusal": None}
+
+
+def _chat_token(s: str, v: float) -> dict:
+    return {"token": s, "logprob": lp(v), "bytes": list(s.encode("utf-8"))}
+
+
+def _items(d) -> list:
+    """Top alternatives as (token_id, logprob), best first; accepts a dict or a list of pairs."""
+    pairs = list(d.items()) if isinstance(d, dict) else [tuple(p) for p in d]
+    return sorted(pairs, key=lambda p: -p[1])
+
+
+# ---- incremental text ----------------------------------------------------------------------------------------------
+def safe_text(text: str, stops: list[str], finished: bool) -> str:
+    """The prefix of `text` that can no longer change: not a trailing partial UTF-8 character, not a possible
+    beginning of a stop string (the engine cuts stop strings off once they are complete)."""
+    if finished:
+        return text
+    end = len(text)
+    while end > 0 and text[end - 1] == "\ufffd":
+        end -= 1
+    hold = max((_overlap(text[:end], s) for s in stops), default=0)
+    return text[:end - hold]
+
+
+def _overlap(text: str, stop: str) -> int:
+    for k in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:k]):
+            return k
+    return 0
+
+
+@dataclass
+class ChoiceCursor:
+    """How much of one choice a stream has sent so far."""
+
+    tokens: int = 0
+    text: str = ""
+    done: bool = False
+
+    def advance(self, out, stops: list[str]) -> tuple[list[int], int, str] | None:
+        """New (token_ids, first index, text) since the last call, or None when nothing new is sendable."""
+        if self.done:
+            return None
+        finished = out.finish_reason is not None
+        safe = safe_text(out.text, stops, finished)
+        delta = safe[len(self.text):] if safe.startswith(self.text) else ""
+        start, ids = self.tokens, list(out.token_ids[self.tokens:])
+        if not ids and not delta and not finished:
+            return None
+        self.tokens += len(ids)
+        self.text += delta
+        self.done = finished
+        return ids, start, delta
+
+
+def json_response(obj: dict, headers: dict[str, str], status: int = 200) -> Response:
+    return Response(dumps(obj), status_code=status, headers=headers, media_type="application/json")
+
+
+# ---- bodies ----------------------------------------------------------------------------------------------------
+def _usage(outs: list) -> dict:
+    prompt = sum(len(o.prompt_token_ids) for o in outs)
+    completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    return usage(prompt, completion, sum(o.num_cached_tokens or 0 for o in outs))
+
+
+def _choice_index(job: Job, i: int, c) -> int:
+    return i * job.params.n + c.index
+
+
+def _text_logprobs(state: ServerState, c, ids: list[int], start: int, offset: int) -> dict | None:
+    if c.logprobs is None:
+        return None
+    tops = None if c.top_logprobs is None else c.top_logprobs[start:start + len(ids)]
+    return completion_logprobs(state.token_text, ids, c.logprobs[start:start + len(ids)], tops, offset)
+
+
+def _chat_logprobs(state: ServerState, c, ids: list[int], start: int) -> dict | None:
+    if c.logprobs is None:
+        return None
+    tops = None if c.top_logprobs is None else c.top_logprobs[start:start + len(ids)]
+    return chat_logprobs(state.token_text, ids, c.logprobs[start:start + len(ids)], tops)
+
+
+def _prompt_text(state: ServerState, sub: Sub) -> str:
+    return sub.text if sub.text is not None else state.tokenizer.decode(sub.ids, skip_special_tokens=False)
+
+
+def text_body(state: ServerState, job: Job, outs: list) -> dict:
+    choices = []
+    for i, out in enumerate(outs):
+        prefix = _prompt_text(state, job.subs[i]) if job.echo else ""
+        for c in out.outputs:
+            choices.append({"index": _choice_index(job, i, c), "text": prefix + c.text,
+                            "logprobs": _text_logprobs(state, c, c.token_ids, 0, len(prefix)) if job.logprobs
+                            else None, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                            "token_ids": list(c.token_ids)})
+    choices.sort(key=lambda ch: ch["index"])
+    return {**job.meta.head("text_completion"), "choices": choices, "usage": _usage(outs)}
+
+
+def chat_body(state: ServerState, job: Job, outs: list) -> dict:
+    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                "logprobs": _chat_logprobs(state, c, c.token_ids, 0) if job.logprobs else None,
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "token_ids": list(c.token_ids)}
+               for c in outs[0].outputs]
+    return {**job.meta.head("chat.completion"), "choices": choices, "usage": _usage(outs)}
+
+
+class StreamWriter:
+    """Cumulative outputs -> SSE chunks whose deltas concatenate to exactly the non-streamed response."""
+
+    def __init__(self, state: ServerState, job: Job):
+        self.state = state
+        self.job = job
+        self.cursors: dict[int, ChoiceCursor] = {}
+        self.last: dict[int, object] = {}
+
+    async def events(self, first, outputs):
+        try:
+            for chunk in self._opening():
+                yield _sse(chunk)
+            for chunk in self._feed(*first):
+                yield _sse(chunk)
+            async for i, out in outputs:
+                for chunk in self._feed(i, out):
+                    yield _sse(chunk)
+            for chunk in self._closing():
+                yield _sse(chunk)
+        except Exception as e:  # noqa: BLE001 - mid-stream: the status is already 200, so the error travels as an event
+            yield _sse(map_error(e).body())
+        finally:
+            await outputs.aclose()
+        yield b"data: [DONE]\n\n"
+
+    def _head(self) -> dict:
+        return self.job.meta.head("text_completion" if self.job.kind == "text" else "chat.completion.chunk")
+
+    def _opening(self) -> list[dict]:
+        job, n = self.job, self.job.params.n
+        if job.kind == "chat":
+            return [{**self._head(), "choices": [{"index": j, "delta": {"role": "assistant", "content": ""},
+                                                  "logprobs": None, "finish_reason": None} for j in range(n)]}]
+        if not job.echo:
+            return []
+        return [{**self._head(), "choices": [
+            {"index": i * n + j, "text": _prompt_text(self.state, sub), "logprobs": None, "finish_reason": None,
+             "token_ids": []} for i, sub in enumerate(job.subs) for j in range(n)]}]
+
+    def _feed(self, i: int, out) -> list[dict]:
+        self.last[i] = out
+        choices = []
+        for c in out.outputs:
+            index = _choice_index(self.job, i, c)
+            cursor = self.cursors.setdefault(index, ChoiceCursor())
+            offset = len(cursor.text)
+            step = cursor.advance(c, self.job.stops)
+            if step is not None:
+                choices.append(self._choice(index, c, *step, offset))
+        return [{**self._head(), "choices": choices}] if choices else []
+
+    def _choice(self, index: int, c, ids: list[int], start: int, text: str, offset: int) -> dict:
+        finish = c.finish_reason if c.finish_reason is not None and start + len(ids) == len(c.token_ids) else None
+        if self.job.kind == "chat":
+            lps = _chat_logprobs(self.state, c, ids, start) if self.job.logprobs else None
+            return {"index": index, "delta": {"content": text}, "logprobs": lps, "finish_reason": finish,
+                    "token_ids": ids}
+        lps = _text_logprobs(self.state, c, ids, start, offset) if self.job.logprobs else None
+        return {"index": index, "text": text, "logprobs": lps, "finish_reason": finish, "token_ids": ids}
+
+    def _closing(self) -> list[dict]:
+        if not self.job.include_usage:
+            return []
+        outs = [self.last[i] for i in sorted(self.last)]
+        return [{**self._head(), "choices": [], "usage": _usage(outs)}]
+
+
+def _sse(obj: dict) -> bytes:
+    return f"data: {dumps(obj)}\n\n".encode()
