@@ -31,6 +31,7 @@ probe: $(STAMP)
 	$(VENV)/bin/samebits probe
 
 lint: $(STAMP)
+	$(VENV)/bin/samebits lint samebits
 	$(VENV)/bin/ruff check samebits tests
 
 clean:

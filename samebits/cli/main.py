@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from samebits.cli.options import field_flags, with_flags
+from samebits.diagnostics.lint.command import lint_command
 from samebits.modes import check_mode
 from samebits.server.config import ServerConfig
 
@@ -154,15 +155,26 @@ def verify_lock_cmd(path: Path = typer.Argument(Path("samebits.lock")),
 @app.command()
 def probe(
     device: str = typer.Option("cpu", help="cpu or cuda"),
-    full: bool = typer.Option(False, "--full", help="The seed's sizes (meant for a GPU)."),
+    full: bool = typer.Option(False, "--full", help="Seed §1's sizes (docs/BACKGROUND.md; meant for a GPU)."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON."),
     plot_path: Path | None = typer.Option(None, "--plot", help="Write a PNG: mismatch vs batch size."),
     only: str | None = typer.Option(None, help="Comma-separated probe names."),
 ):
-    """Reproduce the problem: the seed's experiments, vendor vs samebits."""
+    """Reproduce the problem: seed §1-2's experiments (docs/BACKGROUND.md), vendor vs samebits."""
     from samebits.diagnostics.cli import probe_command
 
     probe_command(device=device, full=full, json_path=json_path, plot_path=plot_path, only=only, fail=fail)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
+def check(ctx: typer.Context):
+    """Is an OpenAI-compatible endpoint batch-invariant? Exit 0 clean, 1 variant, 2 could not test (--help: flags)."""
+    from samebits.diagnostics.check.__main__ import main as check_main
+
+    raise typer.Exit(check_main(ctx.args))
+
+
+app.command("lint")(lint_command)
 
 
 @app.command()
@@ -217,7 +229,7 @@ SERVE_HELP = {
     "model": "Model name or path.",
     "host": "Address to bind (loopback by default).",
     "mode": "deterministic or fast",
-    "policy": "dynamic or bucketed (the seed's shape buckets and fixed batch windows).",
+    "policy": "dynamic or bucketed (seed §6.1-6.2's shape buckets and fixed batch windows).",
     "api_keys": "Accepted bearer key (repeat for several).",
     "served_model_name": "Model name clients send (default: --model).",
     "max_waiting": "Waiting requests before 429.",
