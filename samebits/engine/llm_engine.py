@@ -57,15 +57,16 @@ class LLMEngine:
     def _draw_seed(self) -> int:
         return self._seeds.getrandbits(SEED_BITS) if self._seeds else secrets.randbits(SEED_BITS)
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise ValueError naming the field and the limit, as vLLM does, before anything is queued."""
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams, where: str = "prompt") -> None:
+        """Raise ValueError naming the field and the limit, as vLLM does, before anything is queued; `where` names
+        the prompt in a context-length refusal ("prompt", or "messages" for chat)."""
         n, vocab = len(prompt_token_ids), self.loaded.config.vocab_size
         if n == 0:
             raise ValueError("prompt must not be empty")
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[0]!r}")
-        check_context_length(n, params.max_tokens, self.max_model_len)
+        check_context_length(n, params.max_tokens, self.max_model_len, where)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from samebits.engine.sampling_params import SamplingParams
+from samebits.engine.sampling_params import ContextLengthError, SamplingParams
 from samebits.server.errors import APIError, field_of, invalid, too_large, validation_message
 from samebits.server.protocol import ChatMessage, ChatRequest, CompletionRequest, ContentPart
 from samebits.server.state import ServerState
@@ -22,9 +22,6 @@ UNION_HINTS = {
     "stop": "stop must be a string or a list of strings",
 }
 ROLES = ("system", "developer", "user", "assistant", "tool")
-# How the engine's context-length refusal begins; the server words it per endpoint, as OpenAI does.
-CONTEXT_REFUSAL = "This model's maximum context length"
-
 
 @dataclass
 class Sub:
@@ -200,20 +197,11 @@ def _engine_checked(state: ServerState, subs: list[Sub], params: SamplingParams,
     """The engine's check of each prompt (token ids, context length), before any of them is queued."""
     for sub in subs:
         try:
-            state.engine.validate(sub.ids, params)
+            state.engine.validate(sub.ids, params, where)
+        except ContextLengthError as e:
+            raise invalid(str(e), where if e.param == "prompt" else e.param) from None
         except ValueError as e:
-            raise _refusal(str(e), state.max_model_len, len(sub.ids), params.max_tokens, where) from None
-
-
-def _refusal(message: str, limit: int, prompt_len: int, max_tokens: int, where: str) -> APIError:
-    if not message.startswith(CONTEXT_REFUSAL):
-        return invalid(message, field_of(message))
-    if prompt_len >= limit:
-        return invalid(f"This model's maximum context length is {limit} tokens. However, your {where} has "
-                       f"{prompt_len} tokens. Please reduce the length of the {where}.", where)
-    return invalid(f"This model's maximum context length is {limit} tokens. However, you requested "
-                   f"{prompt_len + max_tokens} tokens ({prompt_len} in the {where}, {max_tokens} in the "
-                   f"completion). Please reduce the length of the {where} or completion.", "max_tokens")
+            raise invalid(str(e), field_of(str(e))) from None
 
 
 def _new_meta(state: ServerState, prefix: str, seed: int) -> Meta:

@@ -74,7 +74,7 @@ class FakeLLMEngine:
         return {"samebits": "0.1.0", "torch": "fake", "cuda_runtime": None, "cublas": None, "driver": None,
                 "mode": "deterministic", "numerics_profile": "fakeprofile", "hash": "fakehash0123"}
 
-    def validate(self, prompt_token_ids, params) -> None:
+    def validate(self, prompt_token_ids, params, where="prompt") -> None:
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(f"max_tokens {params.max_tokens} + prompt {len(prompt_token_ids)} exceeds "
                              f"max_model_len {self.max_model_len}")
