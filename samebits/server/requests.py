@@ -23,6 +23,7 @@ UNION_HINTS = {
 }
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
+
 @dataclass
 class Sub:
     """One engine request of an HTTP request (a completion request with a list of prompts has several)."""
