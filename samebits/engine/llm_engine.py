@@ -54,7 +54,8 @@ class LLMEngine:
         return self._fingerprint
 
     # ---- requests ------------------------------------------------------------------------------------------
-    def _draw_seed(self) -> int:
+    def draw_seed(self) -> int:
+        """A request's seed when it sends none: from the engine's seed stream (`EngineConfig.seed`), else fresh."""
         return self._seeds.getrandbits(SEED_BITS) if self._seeds else secrets.randbits(SEED_BITS)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams, where: str = "prompt") -> None:
@@ -72,7 +73,7 @@ class LLMEngine:
                     prompt: str | None = None) -> None:
         prompt_token_ids = list(prompt_token_ids)
         self.validate(prompt_token_ids, params)
-        seed = params.seed if params.seed is not None else self._draw_seed()
+        seed = params.seed if params.seed is not None else self.draw_seed()
         seqs = self.scheduler.add_request(request_id, prompt_token_ids, params, seed)
         self.processor.add_request(request_id, prompt, prompt_token_ids, seed, seqs)
         self.prompt_tokens += len(prompt_token_ids) * len(seqs)

@@ -1,12 +1,9 @@
 """`ServerState`: what every request of one server shares (engine, tokenizer, limits, fingerprint, metrics)."""
 from __future__ import annotations
 
-import random
 import re
-import secrets
 import time
 
-from samebits.engine.config import SEED_LIMIT
 from samebits.server.errors import not_found
 from samebits.server.metrics import Metrics
 
@@ -50,8 +47,6 @@ class ServerState:
         self.headers = numerics_headers(self.fingerprint)
         self.metrics = Metrics(async_engine)
         self.created = int(time.time())
-        seed = config.engine.seed
-        self._seeds = random.Random(seed) if seed is not None else None
         self._token_text: dict[int, str] = {}
 
     @property
@@ -59,9 +54,9 @@ class ServerState:
         return self.config.model_name
 
     def draw_seed(self) -> int:
-        """A request's seed when it sends none: from the server's seed stream (`--seed`), else a fresh random one.
-        Drawn here, not in the engine, so every engine request of one HTTP request shares it and the header knows it."""
-        return self._seeds.randrange(SEED_LIMIT) if self._seeds else secrets.randbelow(SEED_LIMIT)
+        """A request's seed when it sends none, from the engine's one seed stream (`--seed`). Drawn before the
+        request is queued, so every engine request of one HTTP request shares it and the header knows it."""
+        return self.engine.draw_seed()
 
     def token_text(self, token_id: int) -> str:
         text = self._token_text.get(token_id)

@@ -74,6 +74,10 @@ class FakeLLMEngine:
         return {"samebits": "0.1.0", "torch": "fake", "cuda_runtime": None, "cublas": None, "driver": None,
                 "mode": "deterministic", "numerics_profile": "fakeprofile", "hash": "fakehash0123"}
 
+    def draw_seed(self) -> int:
+        self._drawn = getattr(self, "_drawn", 0) + 1
+        return _h("drawn", str(self._drawn)) % 2**63
+
     def validate(self, prompt_token_ids, params, where="prompt") -> None:
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(f"max_tokens {params.max_tokens} + prompt {len(prompt_token_ids)} exceeds "
