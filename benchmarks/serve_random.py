@@ -31,20 +31,18 @@ def main(argv=None) -> None:
     import uvicorn
 
     from samebits.engine.async_engine import AsyncEngine
-    from samebits.engine.config import EngineConfig
     from samebits.engine.llm_engine import LLMEngine
     from samebits.server.app import build_app
     from samebits.server.config import ServerConfig
     from samebits.server.serve import template, uvicorn_config
 
-    config = ServerConfig(model=SERVED_NAME, port=args.port, mode=args.mode, max_num_seqs=args.max_num_seqs,
-                          max_num_batched_tokens=args.max_num_batched_tokens, log_level="warning")
+    config = ServerConfig.from_dict({"model": SERVED_NAME, "port": args.port, "mode": args.mode,
+                                     "device": args.device, "max_num_seqs": args.max_num_seqs,
+                                     "max_num_batched_tokens": args.max_num_batched_tokens, "log_level": "warning"})
     with template(config):
         loaded = random_loaded(args.random_shape, args.mode, args.device, None)
-        engine = LLMEngine(EngineConfig(model=f"random-{args.random_shape}", mode=args.mode, device=args.device,
-                                        max_num_seqs=args.max_num_seqs,
-                                        max_num_batched_tokens=args.max_num_batched_tokens), loaded=loaded)
-        app = build_app(AsyncEngine(engine, max_waiting=config.max_waiting), config)
+        engine = LLMEngine(config.engine.replace(model=f"random-{args.random_shape}"), loaded=loaded)
+        app = build_app(AsyncEngine(engine, max_waiting=config.engine.max_waiting), config)
         uvicorn.Server(uvicorn_config(app, config)).run()
 
 
