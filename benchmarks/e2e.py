@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from samebits.diagnostics.roofline import Shape, roofline
+from samebits.diagnostics.roofline import roofline
 from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams
@@ -148,11 +148,9 @@ def engine_batch64(loaded, shape: dict, out_len: int) -> float:
     return stats["output_tok_per_s"]
 
 
-def workload_bound(shape: dict, prompts, max_tokens, dtype):
-    dims = {k: shape[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                                  "num_kv_heads", "head_dim")}
-    return roofline(Shape(**dims, dtype_bytes=torch.empty((), dtype=dtype).element_size()),
-                    [len(p) for p in prompts], max_tokens, max_num_seqs=256)
+def workload_bound(config: ModelConfig, prompts, max_tokens, dtype):
+    return roofline(config, [len(p) for p in prompts], max_tokens, torch.empty((), dtype=dtype).element_size(),
+                    max_num_seqs=256)
 
 
 def weights_floor_ms(loaded) -> float:
@@ -182,7 +180,7 @@ def main() -> None:
     prompts, max_tokens = workload(args.requests, 0, (128, 1024), out_range, shape["vocab_size"])
     picks = list(range(0, args.requests, max(1, args.requests // 8)))[:8]
     report = {"shape": args.shape, "requests": args.requests, "cuda_graphs": GRAPHS, "modes": {}}
-    bound = workload_bound(shape, prompts, max_tokens, dtype)
+    bound = workload_bound(config, prompts, max_tokens, dtype)
     report["roofline"] = {"prefill_s": bound.prefill_s, "decode_s": bound.decode_s, "total_s": bound.total_s,
                           "decode_steps": bound.decode_steps}
     for mode, policy in [("fast", "dynamic"), ("deterministic", "dynamic"), ("fast", "bucketed")]:

@@ -1,17 +1,27 @@
 """The roofline's arithmetic, checked by hand on a toy shape and for sense on the 8B shape."""
 import pytest
 
-from samebits.diagnostics.roofline import H200_PEAK_BYTES, Shape, decode_seconds, prefill_seconds, roofline
+from samebits.diagnostics.roofline import (
+    H200_PEAK_BYTES,
+    decode_seconds,
+    kv_bytes_per_token,
+    layer_params,
+    prefill_seconds,
+    roofline,
+    weight_bytes,
+)
+from samebits.models.config import ModelConfig
 
-TOY = Shape(vocab_size=10, hidden_size=2, intermediate_size=3, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=2)
-LLAMA_8B = Shape(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
-                 num_kv_heads=8, head_dim=128)
+TOY = ModelConfig("llama", vocab_size=10, hidden_size=2, intermediate_size=3, num_layers=1, num_heads=1,
+                  num_kv_heads=1, head_dim=2, max_position_embeddings=64)
+LLAMA_8B = ModelConfig("llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                       num_heads=32, num_kv_heads=8, head_dim=128, max_position_embeddings=8192)
 
 
 def test_toy_sizes_by_hand():
-    assert TOY.layer_params == 2 * (2 + 2 * 2) + 2 * 2 + 3 * 2 * 3  # q,k,v in; o out; gate, up, down
-    assert TOY.weight_bytes == (34 + 10 * 2) * 2
-    assert TOY.kv_bytes_per_token == 1 * 2 * 1 * 2 * 2
+    assert layer_params(TOY) == 2 * (2 + 2 * 2) + 2 * 2 + 3 * 2 * 3  # q,k,v in; o out; gate, up, down
+    assert weight_bytes(TOY, 2) == (34 + 10 * 2) * 2
+    assert kv_bytes_per_token(TOY, 2) == 1 * 2 * 1 * 2 * 2
 
 
 def test_prefill_by_hand():
@@ -21,29 +31,27 @@ def test_prefill_by_hand():
 
 def test_decode_takes_the_larger_of_flops_and_bytes():
     # one decode row per later token; context 4 then 5: flops 108 + 8*ctx, bytes 108 + 8*ctx (halved by the peak)
-    seconds, steps = decode_seconds(TOY, [3], [3], max_num_seqs=8, peak_flops=1.0, peak_bytes=2.0)
+    seconds, steps = decode_seconds(TOY, 2, [3], [3], max_num_seqs=8, peak_flops=1.0, peak_bytes=2.0)
     assert (seconds, steps) == (140 + 148, 2)
-    seconds, _ = decode_seconds(TOY, [3], [3], max_num_seqs=8, peak_flops=4.0, peak_bytes=1.0)
+    seconds, _ = decode_seconds(TOY, 2, [3], [3], max_num_seqs=8, peak_flops=4.0, peak_bytes=1.0)
     assert seconds == 140 + 148
 
 
 def test_max_num_seqs_serialises_decode():
-    assert decode_seconds(TOY, [3, 3], [2, 2], 2, 1.0, 1.0)[1] == 1
-    assert decode_seconds(TOY, [3, 3], [2, 2], 1, 1.0, 1.0)[1] == 2
-    assert decode_seconds(TOY, [3], [1], 1, 1.0, 1.0) == (0.0, 0)  # the only token comes from prefill
+    assert decode_seconds(TOY, 2, [3, 3], [2, 2], 2, 1.0, 1.0)[1] == 1
+    assert decode_seconds(TOY, 2, [3, 3], [2, 2], 1, 1.0, 1.0)[1] == 2
+    assert decode_seconds(TOY, 2, [3], [1], 1, 1.0, 1.0) == (0.0, 0)  # the only token comes from prefill
 
 
 def test_8b_batch1_decode_is_the_weight_floor():
     bound = roofline(LLAMA_8B, [512], [65])
     per_step = bound.decode_s / bound.decode_steps
     assert bound.decode_steps == 64
-    assert per_step == pytest.approx(LLAMA_8B.weight_bytes / H200_PEAK_BYTES, rel=0.02)
-    assert 15.0e9 < LLAMA_8B.weight_bytes < 15.1e9
+    assert per_step == pytest.approx(weight_bytes(LLAMA_8B, 2) / H200_PEAK_BYTES, rel=0.02)
+    assert 15.0e9 < weight_bytes(LLAMA_8B, 2) < 15.1e9
 
 
 def test_bad_inputs_name_the_field():
-    with pytest.raises(ValueError, match="Shape.head_dim"):
-        Shape(vocab_size=1, hidden_size=1, intermediate_size=1, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=0)
     with pytest.raises(ValueError, match="2 prompt lengths and 1 output"):
         roofline(TOY, [1, 2], [1])
     with pytest.raises(ValueError, match="max_num_seqs"):
