@@ -10,6 +10,16 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=.:/tmp/site
 fi
 eval "$(python3 -m samebits env --shell)"
+# samebits check against our own server on the 8B random shape; the report lands in $OUT/check.h200.MODE.*
+check_endpoint() {
+  python3 benchmarks/serve_random.py --random-shape 8b --mode "$1" --port 8000 > "$OUT/serve.$1.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 180); do curl -sf http://127.0.0.1:8000/health >/dev/null && break; sleep 1; done
+  python3 -m samebits.diagnostics.check http://127.0.0.1:8000 --model bench --concurrency 1,4,16,64,128 \
+    --trials 3 --max-tokens 32 --json "$OUT/check.h200.$1.json" --html "$OUT/check.h200.$1.html"
+  echo "check $1 exit $?"
+  kill "$pid"; wait "$pid" 2>/dev/null
+}
 steps=${*:-tests probe kernels attention e2e}
 for step in $steps; do
   echo "=== $step ($(date +%T))"
@@ -21,6 +31,8 @@ for step in $steps; do
     e2e) python3 benchmarks/e2e.py --out "$OUT" ;;
     e2e-quick) python3 benchmarks/e2e.py --out "$OUT" --quick --requests 64 --skip-hf ;;
     server) python3 benchmarks/server.py --out "$OUT" ;;
+    steps) python3 benchmarks/steps.py --out "$OUT" ;;
+    check) for mode in deterministic fast; do check_endpoint "$mode"; done ;;
     *) echo "unknown step $step" >&2 ;;
   esac
 done

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from samebits.models.config import ModelConfig
 
-# Measured on the H200 machines lent here (the device library's KINDS.md): bf16 8192^3 matrix product on random data
+# The lent H200's measured ceilings (docs/BENCHMARKS.md): a bf16 8192^3 matrix product on random data
 # ~790 TFLOP/s, a device-to-device copy ~4.3 TB/s counting bytes read and written.
 H200_PEAK_FLOPS = 790e12
 H200_PEAK_BYTES = 4.3e12
