@@ -13,6 +13,7 @@ import torch
 from samebits.arith import cdiv, kv_slot
 from samebits.engine.scheduler.bucketed import bucket_for, capped_ladder
 from samebits.kernels.attention import AttentionMetadata
+from samebits.kernels.common import to_device
 
 # Captured batch sizes (then max_num_seqs): denser than doubling above 32, where a padded row costs the most.
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -51,7 +52,7 @@ class DecodeGraphs:
         """Copy the step's inputs into the static buffers; rows past the real ones become scratch-block dummies."""
         dummy = [0, 0, 1, -1] + [self.scratch_block] * self.width
         rows = [self._row(s) for s in scheduled] + [dummy] * (bs - len(scheduled))
-        rows = torch.tensor(rows, dtype=torch.int64).to(self.ids.device, non_blocking=True)  # one copy per step
+        rows = to_device(rows, torch.int64, self.ids.device)  # one copy per step, no host sync
         self.ids[:bs], self.positions[:bs] = rows[:, 0], rows[:, 1]
         self.ctx[:bs], self.slots[:bs] = rows[:, 2].int(), rows[:, 3]
         self.tables[:bs] = rows[:, 4:].int()

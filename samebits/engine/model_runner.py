@@ -12,6 +12,7 @@ from samebits.engine.config import EngineConfig
 from samebits.engine.outputs import StepResult
 from samebits.engine.sampler import Sampler, SamplerOutput, SamplingBatch
 from samebits.kernels.attention import AttentionMetadata
+from samebits.kernels.common import to_device
 from samebits.kernels.kv_cache import allocate_kv_cache
 
 # KV pool when kv_cache_tokens is not set: a fixed size on CPU, a share of free memory on GPU.
@@ -128,8 +129,8 @@ class ModelRunner:
         """Hidden states [T, H] of every scheduled token in schedule order, then the padding dummies' rows."""
         ids, pos, q_lens, ctx_lens, tables = self._flatten(scheduled, padding)
         meta = AttentionMetadata.build(q_lens, ctx_lens, tables, self.block_size, self.device)
-        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
-        positions = torch.tensor(pos, dtype=torch.int64, device=self.device)
+        input_ids = to_device(ids, torch.int64, self.device)
+        positions = to_device(pos, torch.int64, self.device)
         return self.model.forward(input_ids, positions, self.kv_caches, meta)
 
     @torch.inference_mode()
@@ -146,7 +147,7 @@ class ModelRunner:
         sampling = [i for i, s in enumerate(scheduled) if s.sample]
         if not sampling:
             return SampledStep([], None)
-        rows = torch.tensor([ends[i] - 1 for i in sampling], device=self.device)
+        rows = to_device([ends[i] - 1 for i in sampling], torch.int64, self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))
         return self._sample(logits, [scheduled[i].seq for i in sampling])
 

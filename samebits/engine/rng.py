@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from samebits.kernels import philox_uniforms
+from samebits.kernels.common import to_device
 from samebits.kernels.philox import MASK32, philox4x32_10, words_to_uniforms
 from samebits.kernels.philox import random_words as _random_words
 
@@ -31,15 +32,23 @@ def seed_tensor(seeds, device=None) -> torch.Tensor:
         if not -(1 << 63) <= s < 1 << 64:
             raise ValueError(f"seed {s} outside [-2^63, 2^64)")
         wrapped.append(s - (1 << 64) if s >= 1 << 63 else s)
-    return torch.tensor(wrapped, dtype=torch.int64, device=device)
+    return to_device(wrapped, torch.int64, device)
 
 
 def _index_tensor(values, name: str, device) -> torch.Tensor:
-    t = values if isinstance(values, torch.Tensor) else torch.tensor(list(values), dtype=torch.int64)
     # Out-of-range counters would silently alias others; checked on the host only, to keep device steps sync-free.
-    if t.device.type == "cpu" and t.numel() and (int(t.min()) < 0 or int(t.max()) > MASK32):
+    if isinstance(values, torch.Tensor):
+        if values.device.type == "cpu":
+            _check_counters(values.tolist(), name)
+        return values.to(device=device, dtype=torch.int64)
+    values = [int(v) for v in values]
+    _check_counters(values, name)
+    return to_device(values, torch.int64, device)
+
+
+def _check_counters(values: list[int], name: str) -> None:
+    if values and (min(values) < 0 or max(values) > MASK32):
         raise ValueError(f"{name} must lie in [0, 2^32)")
-    return t.to(device=device, dtype=torch.int64)
 
 
 def _counters(seeds, sample_indices, positions, device):

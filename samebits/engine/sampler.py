@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from samebits.engine import rng
+from samebits.kernels.common import to_device
 
 # Below this temperature logits / t overflows float32 for ordinary logits; such rows are greedy, as in vLLM.
 GREEDY_TEMPERATURE = 1e-5
@@ -99,8 +100,8 @@ def _top_k_threshold(scaled: torch.Tensor, top_k: list[int]) -> torch.Tensor:
     vocab = scaled.shape[-1]
     ks = [k if 0 < k < vocab else 0 for k in top_k]
     top = torch.topk(scaled, max(ks), dim=-1, sorted=True).values
-    col = torch.tensor([max(k, 1) - 1 for k in ks], device=scaled.device)[:, None]
-    on = torch.tensor([k > 0 for k in ks], device=scaled.device)[:, None]
+    col = to_device([max(k, 1) - 1 for k in ks], torch.int64, scaled.device)[:, None]
+    on = to_device([k > 0 for k in ks], torch.bool, scaled.device)[:, None]
     return torch.where(on, top.gather(1, col), torch.full_like(col, float("-inf"), dtype=scaled.dtype))
 
 
@@ -112,7 +113,7 @@ def _top_p_threshold(probs: torch.Tensor, top_p: list[float]) -> torch.Tensor:
     desc = torch.sort(probs, dim=-1, descending=True).values
     inclusive = inclusive_prefix_sum(desc.double())
     exclusive = torch.cat([torch.zeros_like(inclusive[:, :1]), inclusive[:, :-1]], dim=-1)
-    p = torch.tensor(top_p, dtype=torch.float64, device=probs.device)[:, None]
+    p = to_device(top_p, torch.float64, probs.device)[:, None]
     n_keep = (exclusive < p).sum(dim=-1, keepdim=True).clamp_min(1)
     threshold = desc.gather(1, n_keep - 1)
     return torch.where(p < 1.0, threshold, torch.zeros_like(threshold))
@@ -135,7 +136,7 @@ def filter_logits(scaled: torch.Tensor, top_k: Sequence[int], top_p: Sequence[fl
         scaled = _mask_below(scaled, probs, _top_p_threshold(probs, list(top_p)))
     if any(m > 0.0 for m in min_p):
         probs = ops.softmax(scaled, dim=-1)
-        m = torch.tensor(min_p, dtype=torch.float32, device=scaled.device)[:, None]
+        m = to_device(min_p, torch.float32, scaled.device)[:, None]
         # min_p = 0 gives threshold 0, which masks nothing.
         scaled = _mask_below(scaled, probs, m * probs.amax(dim=-1, keepdim=True))
     return scaled
@@ -177,7 +178,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, *, ops) -> SamplerOutput:
     tokens = logits.argmax(dim=-1)
     rows = [i for i in range(len(batch)) if not greedy[i]]
     if rows:
-        tokens = tokens.index_copy(0, torch.tensor(rows, device=logits.device),
+        tokens = tokens.index_copy(0, to_device(rows, torch.int64, logits.device),
                                    _sample_rows(logits, rows, batch.select(rows), ops))
     logprobs = ops.log_softmax(logits, dim=-1)
     ids, values = _top_logprobs(logprobs, batch.num_top_logprobs)
@@ -186,8 +187,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, *, ops) -> SamplerOutput:
 
 def _sample_rows(logits, rows: list[int], sub: SamplingBatch, ops) -> torch.Tensor:
     """The random path for the non-greedy `rows`; a row's result does not depend on which other rows are here."""
-    picked = logits.index_select(0, torch.tensor(rows, device=logits.device))
-    t = torch.tensor(sub.temperature, dtype=torch.float32, device=logits.device)[:, None]
+    picked = logits.index_select(0, to_device(rows, torch.int64, logits.device))
+    t = to_device(sub.temperature, torch.float32, logits.device)[:, None]
     filtered = filter_logits(picked / t, sub.top_k, sub.top_p, sub.min_p, ops)
     return _race(filtered, sub.seeds, sub.sample_indices, sub.positions)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from samebits.arith import cdiv
+from samebits.kernels.common import to_device
 from samebits.kernels.configs import TILE_CONFIGS
 
 QUERY_ROWS = TILE_CONFIGS["attention.query_tile"]["config"]["rows"]
@@ -58,10 +59,10 @@ class AttentionMetadata:
         width = max([len(t) for t in tables] + [1])
         padded = [t + [0] * (width - len(t)) for t in tables]
         return cls(
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=device).reshape(len(tables), width),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            cu_seqlens_q=to_device(cu, torch.int32, device),
+            context_lens=to_device(context_lens, torch.int32, device),
+            block_tables=to_device(padded, torch.int32, device).reshape(len(tables), width),
+            slot_mapping=to_device(slots, torch.int64, device),
             max_query_len=max(query_lens, default=0),
             max_context_len=max(context_lens, default=0),
         )

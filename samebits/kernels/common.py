@@ -71,6 +71,16 @@ def per_entry(matmul, a, b):
     return out
 
 
+def to_device(values, dtype: torch.dtype, device) -> torch.Tensor:
+    """A host list as a tensor on `device` without a host sync: on CUDA staged in pinned memory and copied
+    non_blocking, so building a step's inputs never waits for the GPU to finish the previous launch (the caching host
+    allocator keeps the staging buffer until the copy has run)."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 

@@ -1,5 +1,6 @@
 """ModelRunner: the proven routes' self-tests run at load, only in deterministic runs: cuBLASLt's on CUDA (before the KV
 pool is sized), the CPU GEMM route's on the CPU (weight shapes and both attention tile shapes)."""
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -34,3 +35,43 @@ def test_engine_proves_weight_shapes_only_in_deterministic_runs(monkeypatch, dev
     for name in ("cublaslt", "cpu"):
         assert seen[name] == ([torch.Size([128, 64])] if route == name else []), name
     assert seen["attention"] == ([64] if route == "cpu" else [])
+
+
+@contextlib.contextmanager
+def sync_is_an_error():
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["deterministic", "fast"])
+def test_a_step_launches_without_a_host_sync_on_cuda(tmp_path, mode):
+    """execute() only enqueues: every host input goes up through pinned memory, so the host never waits for the GPU
+    while it builds a step (prefill, graph decode, every sampling stage); only SampledStep.to_host reads back."""
+    from samebits.engine.llm import LLM
+    from samebits.engine.sampling_params import SamplingParams
+    from samebits.models.testing import write_tiny_checkpoint
+
+    ckpt = write_tiny_checkpoint(tmp_path, "llama3", seed=3, torch_dtype="bfloat16", hidden_size=256,
+                                 intermediate_size=512, vocab_size=1024, num_attention_heads=4, num_key_value_heads=2)
+    llm = LLM(str(ckpt), mode=mode, device="cuda", kv_cache_tokens=8192, max_num_seqs=8)
+    prompts = [[5 + i] * (9 + 13 * i) for i in range(6)]
+    params = [SamplingParams(max_tokens=12, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.8, seed=1, top_k=5, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=1.1, seed=2, top_p=0.7, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=0.9, seed=3, min_p=0.1, max_tokens=12, ignore_eos=True)] * 2
+    first = llm.generate(prompts, params[:6], use_tqdm=False)  # warm-up: graph capture and kernel compiles may sync
+    execute = llm.engine.runner.execute
+
+    def checked(out):
+        with sync_is_an_error():
+            return execute(out)
+
+    llm.engine.runner.execute = checked
+    again = llm.generate(prompts, params[:6], use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in first]
+    with sync_is_an_error(), pytest.raises(RuntimeError):  # negative control: the mode catches a blocking copy
+        torch.tensor([1, 2, 3], device="cuda")
