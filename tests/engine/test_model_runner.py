@@ -59,7 +59,7 @@ def test_a_step_launches_without_a_host_sync_on_cuda(tmp_path, mode):
                                  intermediate_size=512, vocab_size=1024, num_attention_heads=4, num_key_value_heads=2)
     llm = LLM(str(ckpt), mode=mode, device="cuda", kv_cache_tokens=8192, max_num_seqs=8)
     prompts = [[5 + i] * (9 + 13 * i) for i in range(6)]
-    params = [SamplingParams(max_tokens=12, ignore_eos=True, logprobs=2),
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2),
               SamplingParams(temperature=0.8, seed=1, top_k=5, max_tokens=12, ignore_eos=True),
               SamplingParams(temperature=1.1, seed=2, top_p=0.7, max_tokens=12, ignore_eos=True),
               SamplingParams(temperature=0.9, seed=3, min_p=0.1, max_tokens=12, ignore_eos=True)] * 2
