@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from samebits.arith import cdiv
+from samebits.arith import cdiv, kv_slot
 from samebits.kernels.common import to_device
 from samebits.kernels.configs import TILE_CONFIGS
 
@@ -55,7 +55,7 @@ class AttentionMetadata:
         slots: list[int] = []
         for q_len, ctx, table in zip(query_lens, context_lens, tables):
             cu.append(cu[-1] + q_len)
-            slots += [table[p // block_size] * block_size + p % block_size for p in range(ctx - q_len, ctx)]
+            slots += [kv_slot(table, p, block_size) for p in range(ctx - q_len, ctx)]
         width = max([len(t) for t in tables] + [1])
         padded = [t + [0] * (width - len(t)) for t in tables]
         return cls(
