@@ -31,6 +31,8 @@ class DecodeGraphs:
         self.cu = torch.arange(n + 1, dtype=torch.int32, device=dev)
         self.ctx = torch.ones(n, dtype=torch.int32, device=dev)
         self.tables = torch.full((n, self.width), scratch_block, dtype=torch.int32, device=dev)
+        # Leading table columns any step has written; every column past it still holds the scratch block.
+        self.written = 0
         self.slots = torch.full((n,), -1, dtype=torch.int64, device=dev)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
@@ -49,18 +51,23 @@ class DecodeGraphs:
                                  max_query_len=1, max_context_len=self.max_model_len)
 
     def fill(self, scheduled, bs: int) -> None:
-        """Copy the step's inputs into the static buffers; rows past the real ones become scratch-block dummies."""
-        dummy = [0, 0, 1, -1] + [self.scratch_block] * self.width
-        rows = [self._row(s) for s in scheduled] + [dummy] * (bs - len(scheduled))
+        """Copy the step's inputs into the static buffers; rows past the real ones become scratch-block dummies.
+
+        Only the columns some step has written are rewritten (the width only grows), so the tables end up exactly as a
+        full-width write of max_model_len blocks would leave them, for a fraction of its host work at long contexts."""
+        self.written = max([self.written] + [len(s.seq.block_table) for s in scheduled])
+        width = self.written
+        dummy = [0, 0, 1, -1] + [self.scratch_block] * width
+        rows = [self._row(s, width) for s in scheduled] + [dummy] * (bs - len(scheduled))
         rows = to_device(rows, torch.int64, self.ids.device)  # one copy per step, no host sync
         self.ids[:bs], self.positions[:bs] = rows[:, 0], rows[:, 1]
         self.ctx[:bs], self.slots[:bs] = rows[:, 2].int(), rows[:, 3]
-        self.tables[:bs] = rows[:, 4:].int()
+        self.tables[:bs, :width] = rows[:, 4:].int()
 
-    def _row(self, s) -> list[int]:
-        """[token, position, context length, KV slot, block table padded with the scratch block]."""
+    def _row(self, s, width: int) -> list[int]:
+        """[token, position, context length, KV slot, block table padded with the scratch block to `width`]."""
         table, p = s.seq.block_table, s.start
-        padded = table + [self.scratch_block] * (self.width - len(table))
+        padded = table + [self.scratch_block] * (width - len(table))
         return [s.token_ids[0], p, p + 1, kv_slot(table, p, self.block_size)] + padded
 
     def _eager(self, bs: int) -> torch.Tensor:

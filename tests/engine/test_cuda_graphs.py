@@ -1,5 +1,8 @@
 """Decode CUDA graphs: the static-buffer, padded-batch forward gives the eager forward's bits (CPU checks the
 buffers and padding; the GPU test checks real graph replay against eager)."""
+import random
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -85,3 +88,26 @@ def float32_bits(values: list[float]) -> list[int]:
 
 def test_float32_bits_tell_signed_zeros_apart():
     assert float32_bits([0.0]) != float32_bits([-0.0]) and float32_bits([-0.5]) == float32_bits([-0.5])
+
+
+def _decode_item(table: list[int], position: int):
+    return SimpleNamespace(seq=SimpleNamespace(block_table=table), start=position, token_ids=[7])
+
+
+def test_partial_width_fill_leaves_the_full_width_tables(seed):
+    """fill writes only the columns some step used; the tables read by a graph equal a full max_model_len write."""
+    rng = random.Random(seed)
+    graphs = DecodeGraphs(SimpleNamespace(device=torch.device("cpu")), None, 16, 99, 512, 8)
+    for _ in range(20):
+        n, bs = rng.randint(1, 8), 8
+        items = [_decode_item([rng.randrange(90) for _ in range(rng.randint(1, 20))], 0) for _ in range(n)]
+        graphs.fill(items, bs)
+        want = [it.seq.block_table + [99] * (graphs.width - len(it.seq.block_table)) for it in items]
+        want += [[99] * graphs.width] * (bs - n)
+        assert torch.equal(graphs.tables[:bs], torch.tensor(want, dtype=torch.int32))
+    assert graphs.written < graphs.width  # the point: short tables never paid for max_model_len columns
+    # Negative control: forgetting the columns an earlier step wrote leaves its block ids behind.
+    graphs.fill([_decode_item(list(range(20)), 0)], 1)
+    graphs.written = 0
+    graphs.fill([_decode_item([5], 0)], 1)
+    assert not torch.equal(graphs.tables[:1], torch.tensor([[5] + [99] * (graphs.width - 1)], dtype=torch.int32))
