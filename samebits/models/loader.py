@@ -75,13 +75,23 @@ def load_model(name_or_path, mode: str = "deterministic", device=None, dtype=Non
     return LoadedModel(model.eval(), tokenizer, config, name, path)
 
 
-def _load_path(path: Path, ops, dtype: torch.dtype):
+HF_FOLDER, GGUF_FILE = "HF folder", "GGUF file"
+
+
+def source_kind(path: Path) -> str:
+    """What the loader reads `path` as."""
     if path.is_dir():
+        return HF_FOLDER
+    if path.suffix == ".gguf":
+        return GGUF_FILE
+    raise ValueError(f"cannot load {path}: expected an HF model folder or a .gguf file")
+
+
+def _load_path(path: Path, ops, dtype: torch.dtype):
+    if source_kind(path) == HF_FOLDER:
         from samebits.models.loader_hf import load_hf_dir
 
         return load_hf_dir(path, ops, dtype)
-    if path.suffix == ".gguf":
-        from samebits.models.loader_gguf import load_gguf
+    from samebits.models.loader_gguf import load_gguf
 
-        return load_gguf(path, ops, dtype)
-    raise ValueError(f"cannot load {path}: expected an HF model folder or a .gguf file")
+    return load_gguf(path, ops, dtype)
