@@ -199,10 +199,14 @@ def _run_in_fresh_process(model: str, mode: str, device: str, progress: Progress
 
 def demo_command(model: str, device: str | None, json_path: Path | None, fail) -> None:
     from samebits.models import hub
-    from samebits.models.loader import default_device
+    from samebits.models.loader import default_device, resolve_device
 
     console = Console()
     device = device or default_device()
+    try:
+        resolve_device(device)  # here, not in the two mode processes, whose tracebacks would drown it
+    except ValueError as e:
+        fail(str(e))
     if model in hub.BUILTIN:
         hub.fetch(model)  # once, here, so the two mode processes never download it side by side
     results, fps = [], {}

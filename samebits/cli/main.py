@@ -10,13 +10,27 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from samebits.cli.options import field_flags, with_flags
+from samebits.cli.options import CONTEXT, field_flags, positional, with_flags
 from samebits.diagnostics.lint.command import lint_command
 from samebits.modes import check_mode
 from samebits.server.config import ServerConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="samebits: same request, same bits.")
 console = Console()
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"samebits {version('samebits')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(_: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit.")):
+    """samebits: same request, same bits."""
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -50,6 +64,8 @@ def env(
     shell: bool = typer.Option(False, "--shell", help="Print the deployment template as shell exports."),
     check: bool = typer.Option(False, "--check", help="Check this environment; exit 1 with a table of problems."),
     as_json: bool = typer.Option(False, "--json", help="With --check: print the problems as JSON."),
+    device: str = typer.Option("auto", help="With --check: the variables read on cpu, or on cpu and cuda; auto: "
+                                            "cuda where CUDA is available."),
 ):
     """The deterministic deployment template (environment half)."""
     from samebits.runtime import env_problems, shell_exports
@@ -57,7 +73,7 @@ def env(
     if shell or not check:
         print(shell_exports())
         return
-    problems = env_problems()
+    problems = env_problems(devices=_env_devices(device))
     if as_json:
         print(json.dumps([{"variable": p.item, "expected": p.expected, "actual": p.actual} for p in problems]))
         raise typer.Exit(1 if problems else 0)
@@ -72,6 +88,17 @@ def env(
     console.print(table)
     console.print('fix: eval "$(samebits env --shell)"')
     raise typer.Exit(1)
+
+
+def _env_devices(device: str) -> tuple[str, ...]:
+    """The devices whose variables `env --check` checks: the CPU's always (MKL computes on any machine)."""
+    if device == "auto":
+        from samebits.models.loader import default_device
+
+        device = default_device()
+    if device not in ("cpu", "cuda"):
+        fail(f"--device must be auto, cpu or cuda, got {device!r}")
+    return ("cpu",) if device == "cpu" else ("cpu", "cuda")
 
 
 def _runtime_for(mode: str):
@@ -239,7 +266,9 @@ SERVE_HELP = {
     "seed": "Seed of the server's seed stream for requests that send none.",
 }
 # One flag per field: the engine's fields first, then the server's own, each defaulting to the server's default.
-SERVE_FLAGS = field_flags(ServerConfig().engine, SERVE_HELP) + field_flags(ServerConfig(), SERVE_HELP, skip=("engine",))
+# MODEL may also come first, positionally, as in `vllm serve MODEL`.
+SERVE_FLAGS = [CONTEXT, positional("model_arg", "MODEL", "Model name or path (or --model).")] + field_flags(
+    ServerConfig().engine, SERVE_HELP) + field_flags(ServerConfig(), SERVE_HELP, skip=("engine",))
 
 
 @app.command()
@@ -249,6 +278,11 @@ def serve(values: dict):
     from samebits.server.serve import ServeError
     from samebits.server.serve import serve as run_server
 
+    ctx, model = values.pop("ctx"), values.pop("model_arg")
+    if model is not None:
+        if ctx.get_parameter_source("model").name != "DEFAULT" and values["model"] != model:
+            fail(f"two models given: {model!r} (MODEL) and {values['model']!r} (--model); give one")
+        values["model"] = model
     try:
         run_server(ServerConfig.from_dict(values))
     except (ValueError, ServeError, OSError) as e:  # bad flags, no template, no model: one line, no traceback

@@ -27,6 +27,17 @@ def _flag(name: str, default, hint, help: str | None) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=hint)
 
 
+# typer passes its context to a parameter of this type (to ask whether a flag was given or defaulted).
+CONTEXT = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+
+
+def positional(name: str, metavar: str, help: str) -> inspect.Parameter:
+    """An optional positional argument, first in the command's signature."""
+    argument = typer.Argument(None, metavar=metavar, help=help, show_default=False)
+    return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=argument,
+                             annotation=str | None)
+
+
 def with_flags(parameters: list[inspect.Parameter]):
     """Give `fn(values: dict)` a typer signature of `parameters`; typer calls it with every flag's value."""
 

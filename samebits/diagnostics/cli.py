@@ -10,23 +10,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
-def resolve_device(name: str):
-    """torch.device for `name`; ValueError with the one-line reason when it cannot be used here."""
-    import torch
-
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise ValueError(f"unknown device {name!r}; use cpu or cuda") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"unsupported device {name!r}; use cpu or cuda")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name} asked for, but CUDA is not available on this machine")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"no CUDA device {dev.index}; this machine has {torch.cuda.device_count()}")
-    return dev
-
-
 def check_writable(path: Path | None) -> None:
     """Fail before minutes of probing, not after: ValueError when `path` cannot be written."""
     if path is None:
@@ -55,6 +38,7 @@ def run_with_progress(dev, sizes, probes, impls) -> list:
 
 def _checked_inputs(device: str, only: str | None, paths: list) -> tuple:
     from samebits.diagnostics.probes import PROBES, select
+    from samebits.models.loader import resolve_device
 
     dev = resolve_device(device)
     try:

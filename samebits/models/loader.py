@@ -25,6 +25,21 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def resolve_device(name: str) -> torch.device:
+    """torch.device for `name`; ValueError with the one-line reason when it cannot be used here."""
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"unknown device {name!r}; use cpu or cuda") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {name!r}; use cpu or cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name} asked for, but CUDA is not available on this machine")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"no CUDA device {dev.index}; this machine has {torch.cuda.device_count()}")
+    return dev
+
+
 def resolve_dtype(dtype, device: str) -> torch.dtype:
     """None or "auto" -> bf16 on cuda (the serving dtype), fp32 on cpu (where bf16 matmuls are slow and no faster)."""
     if dtype is None or dtype == "auto":
@@ -51,21 +66,32 @@ def resolve_path(name_or_path: str | Path) -> tuple[str, Path]:
 def load_model(name_or_path, mode: str = "deterministic", device=None, dtype=None) -> LoadedModel:
     from samebits.kernels import get_ops
 
-    name, path = resolve_path(name_or_path)
     device = str(device or default_device())
+    resolve_device(device)  # before anything touches the device: one clear line, not torch's assertion
+    name, path = resolve_path(name_or_path)
     torch_dtype = resolve_dtype(dtype, device)
     ops = get_ops(mode, device)
     model, tokenizer, config = _load_path(path, ops, torch_dtype)
     return LoadedModel(model.eval(), tokenizer, config, name, path)
 
 
-def _load_path(path: Path, ops, dtype: torch.dtype):
+HF_FOLDER, GGUF_FILE = "HF folder", "GGUF file"
+
+
+def source_kind(path: Path) -> str:
+    """What the loader reads `path` as."""
     if path.is_dir():
+        return HF_FOLDER
+    if path.suffix == ".gguf":
+        return GGUF_FILE
+    raise ValueError(f"cannot load {path}: expected an HF model folder or a .gguf file")
+
+
+def _load_path(path: Path, ops, dtype: torch.dtype):
+    if source_kind(path) == HF_FOLDER:
         from samebits.models.loader_hf import load_hf_dir
 
         return load_hf_dir(path, ops, dtype)
-    if path.suffix == ".gguf":
-        from samebits.models.loader_gguf import load_gguf
+    from samebits.models.loader_gguf import load_gguf
 
-        return load_gguf(path, ops, dtype)
-    raise ValueError(f"cannot load {path}: expected an HF model folder or a .gguf file")
+    return load_gguf(path, ops, dtype)

@@ -22,7 +22,13 @@ from samebits.models.gguf_file import GGUFTensor, read_gguf
 from samebits.models.llama import LlamaModel
 from samebits.models.tokenizer import Tokenizer
 
-SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1)
+# Dequantized by `gguf.quants.dequantize`: elementwise numpy on each block (scale * quant - min), no reduction, so the
+# float32 weights are a function of the file's bytes alone. The K-quants are there because Q4_K_M/Q5_K_M files mix
+# them with Q5_0/Q5_1/Q8_0, llama.cpp's fallback for rows that are not a multiple of 256.
+SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1,
+                   Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+# Why a type is refused, where there is more to say than "not supported".
+_REFUSED_WHY = {Q.Q8_K: "llama.cpp uses Q8_K for activations only and the gguf package cannot dequantize it"}
 _TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
               "output.weight": "lm_head.weight"}
 _LAYER_NAMES = {
@@ -104,8 +110,9 @@ def gguf_name(hf: str) -> str:
 def dequantize_tensor(tensor: GGUFTensor) -> torch.Tensor:
     """Float32 values in HF layout ([rows, cols])."""
     if tensor.tensor_type not in SUPPORTED_TYPES:
-        raise UnsupportedModelError(f"tensor {tensor.name} uses GGUF type {tensor.tensor_type.name}, which is not "
-                                    f"supported; supported: {[t.name for t in SUPPORTED_TYPES]}")
+        why = _REFUSED_WHY.get(tensor.tensor_type, "which is not supported")
+        raise UnsupportedModelError(f"tensor {tensor.name} uses GGUF type {tensor.tensor_type.name}, {why}; "
+                                    f"supported: {[t.name for t in SUPPORTED_TYPES]}")
     values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
     if not values.flags.writeable:  # F32 comes back as a view of the read-only memory map
         values = values.copy()

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer as _Backend
@@ -158,9 +160,11 @@ def write_tokenizer_files(path: Path, hf: dict) -> None:
 _GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 
-def write_tiny_gguf(path, variant: str = "smollm2", seed: int = 0, qtype: str = "Q8_0", **overrides) -> Path:
-    """A tiny random model as one GGUF file: 2-D weights in `qtype` (F32/F16/BF16/Q8_0/Q4_0/Q4_1), norms F32,
-    llama Q/K rows permuted the way llama.cpp's converter does, tokenizer and chat template in the metadata."""
+def write_tiny_gguf(path, variant: str = "smollm2", seed: int = 0, qtype: str | Callable[[str], str] = "Q8_0",
+                    **overrides) -> Path:
+    """A tiny random model as one GGUF file: 2-D weights in `qtype` (a type name, or a function of the HF tensor
+    name for mixed files such as Q4_K_M), norms F32, llama Q/K rows permuted the way llama.cpp's converter does,
+    tokenizer and chat template in the metadata. K-quant rows need widths that are multiples of 256."""
     import gguf
 
     hf = tiny_hf_config(variant, **overrides)
@@ -172,8 +176,10 @@ def write_tiny_gguf(path, variant: str = "smollm2", seed: int = 0, qtype: str = 
     writer = gguf.GGUFWriter(str(path), _GGUF_ARCH[config.architecture])
     _gguf_metadata(writer, config)
     _gguf_tokenizer(writer, config.vocab_size)
+    type_of = qtype if callable(qtype) else lambda _: qtype
+    gen = np.random.default_rng(seed)
     for name, tensor in sorted(random_weights(config, seed).items()):
-        _gguf_tensor(writer, name, tensor, config, getattr(gguf.GGMLQuantizationType, qtype))
+        _gguf_tensor(writer, name, tensor, config, gguf.GGMLQuantizationType[type_of(name)], gen)
     for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
         write()
     writer.close()
@@ -212,7 +218,7 @@ def _gguf_tokenizer(writer, vocab_size: int) -> None:
     writer.add_chat_template(CHATML)
 
 
-def _gguf_tensor(writer, name: str, tensor: torch.Tensor, cfg: ModelConfig, qtype) -> None:
+def _gguf_tensor(writer, name: str, tensor: torch.Tensor, cfg: ModelConfig, qtype, gen: np.random.Generator) -> None:
     from gguf.quants import quantize
 
     from samebits.models.loader_gguf import gguf_name
@@ -221,7 +227,37 @@ def _gguf_tensor(writer, name: str, tensor: torch.Tensor, cfg: ModelConfig, qtyp
     if values.ndim == 1:  # llama.cpp keeps norms and biases in F32
         writer.add_tensor(gguf_name(name), values)
         return
-    writer.add_tensor(gguf_name(name), quantize(values, qtype), raw_dtype=qtype)
+    data = random_k_blocks(values.shape, qtype, gen) if qtype.name in K_QUANT_SCALES else quantize(values, qtype)
+    writer.add_tensor(gguf_name(name), data, raw_dtype=qtype)
+
+
+# Byte offsets of each block's float16 super-scales (d, and dmin where there is one) in ggml's K-quant layouts
+# (ggml-common.h: block_q2_K .. block_q6_K). The gguf package cannot quantize these types, so test files carry
+# random blocks whose scales are set to finite values.
+K_QUANT_SCALES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+_K_WEIGHT_RANGE = 0.05  # largest |weight|: about the N(0, 0.02) of the other types, so activations stay tame
+
+
+def random_k_blocks(shape: tuple[int, int], qtype, gen: np.random.Generator) -> np.ndarray:
+    """uint8 [rows, bytes per row] of random K-quant blocks, the super-scales set so that |weight| <= 0.05."""
+    from gguf import GGML_QUANT_SIZES
+    from gguf.quants import dequantize
+
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    rows, cols = shape
+    if cols % block:
+        raise ValueError(f"{qtype.name} rows are whole {block}-wide blocks; got width {cols}")
+    blocks = gen.integers(0, 256, (rows * cols // block, block_bytes), dtype=np.uint8)
+    offsets = K_QUANT_SCALES[qtype.name]
+
+    def set_scales(value: float) -> None:
+        for at in offsets:
+            blocks[:, at:at + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
+
+    set_scales(1.0)
+    unit = float(np.abs(dequantize(blocks, qtype)).max())
+    set_scales(_K_WEIGHT_RANGE / unit)
+    return blocks.reshape(rows, -1)
 
 
 def _llama_cpp_permute(name: str, w: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:

@@ -27,6 +27,9 @@ TEMPLATE_ENV: dict[str, str] = {
     "NCCL_NVLS_ENABLE": "0",
     "MKL_CBWR": TILE_CONFIGS["cpu_mkl"]["config"]["cnr"],
 }
+# The device whose libraries read each variable: a machine without CUDA has no cuBLAS or NCCL to configure.
+ENV_DEVICE: dict[str, str] = {"CUBLAS_WORKSPACE_CONFIG": "cuda", "CUBLASLT_WORKSPACE_SIZE": "cuda", "NCCL_ALGO": "cuda",
+                              "NCCL_PROTO": "cuda", "NCCL_NVLS_ENABLE": "cuda", "MKL_CBWR": "cpu"}
 READ_ONCE_ENV = ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", "MKL_CBWR")
 ACCEPTED_ENV: dict[str, set[str]] = {
     "CUBLAS_WORKSPACE_CONFIG": {":4096:8", ":16:8"},
@@ -49,10 +52,13 @@ def shell_exports() -> str:
     return "\n".join(f"export {k}={v}" for k, v in TEMPLATE_ENV.items())
 
 
-def env_problems(environ: dict[str, str] | None = None) -> list[Problem]:
+def env_problems(environ: dict[str, str] | None = None, devices: tuple[str, ...] = ("cpu", "cuda")) -> list[Problem]:
+    """The template's variables that are missing or wrong, among those read on `devices`."""
     env = os.environ if environ is None else environ
     problems = []
     for key, want in TEMPLATE_ENV.items():
+        if ENV_DEVICE[key] not in devices:
+            continue
         got = env.get(key)
         if got not in ACCEPTED_ENV.get(key, {want}):
             problems.append(Problem(key, want, "<unset>" if got is None else got))

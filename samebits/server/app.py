@@ -134,5 +134,5 @@ def build_app(async_engine, server_config) -> FastAPI:
     app.add_middleware(GuardMiddleware, numerics_headers=state.headers, api_keys=server_config.api_keys,
                        max_header_count=server_config.max_header_count,
                        max_header_bytes=server_config.max_header_bytes,
-                       on_error=lambda status: state.metrics.http_errors.labels(str(status)).inc())
+                       on_error=state.metrics.http_error)
     return app

@@ -15,6 +15,10 @@ def _positive(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+# uvicorn's log levels (its --log-level); serve logs its own lines at the same level.
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     engine: EngineConfig = SERVER_ENGINE
@@ -63,6 +67,8 @@ class ServerConfig:
         for name in ("max_n", "max_prompts", "max_stop", "max_body_bytes", "max_header_count", "max_header_bytes",
                      "timeout_keep_alive"):
             _positive(name, getattr(self, name))
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be a non-negative integer, got {self.max_logprobs!r}")
 

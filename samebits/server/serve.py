@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
 
 from samebits.server.config import ServerConfig
+
+log = logging.getLogger("samebits.serve")
 
 
 class ServeError(RuntimeError):
@@ -53,14 +56,76 @@ def template(config: ServerConfig):
         ctx.__exit__(None, None, None)
 
 
+def bind_socket(config: ServerConfig) -> socket.socket:
+    """The server's listening address, taken now: a busy port is an error in a second, not after the model loads."""
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((config.host, config.port))
+    except OSError as e:
+        sock.close()
+        raise ServeError(f"cannot listen on {config.host}:{config.port}: {e.strerror}; stop what holds it or pass "
+                         "another --port") from None
+    return sock
+
+
+def socket_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
+
+
+def startup_line(engine, config: ServerConfig, url: str) -> str:
+    """One line saying what answers on `url`: the model and its source, the numerics, the sizes, the fingerprint."""
+    from samebits.models import hub
+    from samebits.models.loader import source_kind
+
+    loaded, runner = engine.loaded, engine.runner
+    source = f"{source_kind(loaded.path)} {loaded.path}"
+    if config.engine.model in hub.BUILTIN:
+        source = f"built-in, {source}"
+    blocks, block = runner.num_blocks, runner.block_size
+    dtype = str(runner.dtype).removeprefix("torch.")
+    return (f"serving {config.model_name!r} on {url}: model {loaded.name} ({source}), mode {engine.config.mode}, "
+            f"dtype {dtype}, device {runner.device}, context {engine.max_model_len} tokens, "
+            f"KV cache {blocks} blocks x {block} = {blocks * block} tokens, fingerprint {engine.fingerprint()['hash']}")
+
+
+def _configure_logging(level: str) -> None:
+    """samebits' own lines on stderr, in uvicorn's format and at its --log-level."""
+    from uvicorn.config import LOG_LEVELS
+    from uvicorn.logging import DefaultFormatter
+
+    root = logging.getLogger("samebits")
+    root.setLevel(LOG_LEVELS[level])
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
+        root.addHandler(handler)
+
+
 def serve(config: ServerConfig) -> None:
     import uvicorn
 
+    from samebits.models.loader import default_device, resolve_device, resolve_path, source_kind
     from samebits.server.app import build_app
 
-    with template(config):
-        app = build_app(build_async_engine(config), config)
-        uvicorn.Server(uvicorn_config(app, config)).run()
+    _configure_logging(config.log_level)
+    # Everything that can be refused in a second (port, device, model path) is checked before the seconds of loading.
+    sock = bind_socket(config)
+    url = socket_url(sock)
+    try:
+        resolve_device(config.engine.device or default_device())
+        _, path = resolve_path(config.engine.model)
+        kind = source_kind(path)
+        with template(config):
+            log.info("loading %s (%s %s, mode %s)", config.engine.model, kind, path, config.engine.mode)
+            async_engine = build_async_engine(config)
+            log.info(startup_line(async_engine.engine, config, url))
+            app = build_app(async_engine, config)
+            uvicorn.Server(uvicorn_config(app, config)).run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 class ServerThread:
@@ -70,16 +135,13 @@ class ServerThread:
     def __init__(self, app, config: ServerConfig, start_timeout_s: float = 60.0):
         import uvicorn
 
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((config.host, config.port))
+        self.sock = bind_socket(config)
         self.server = uvicorn.Server(uvicorn_config(app, config))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
                                        name="samebits-uvicorn")
         self.thread.start()
         self._wait_started(start_timeout_s)
-        host, port = self.sock.getsockname()[:2]
-        self.url = f"http://{host}:{port}"
+        self.url = socket_url(self.sock)
 
     def _wait_started(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

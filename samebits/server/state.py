@@ -45,7 +45,7 @@ class ServerState:
         self.vocab_size = _vocab_size(engine)
         self.fingerprint = dict(engine.fingerprint())
         self.headers = numerics_headers(self.fingerprint)
-        self.metrics = Metrics(async_engine)
+        self.metrics = Metrics(async_engine, config.model_name)
         self.created = int(time.time())
         self._token_text: dict[int, str] = {}
 

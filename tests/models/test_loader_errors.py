@@ -9,8 +9,9 @@ from safetensors.torch import load_file, save_file
 
 from samebits.models import hub
 from samebits.models.config import UnsupportedModelError
+from samebits.models.gguf_file import read_gguf
 from samebits.models.loader import load_model, resolve_dtype
-from samebits.models.loader_gguf import gguf_tokenizer, load_gguf
+from samebits.models.loader_gguf import dequantize_tensor, gguf_tokenizer, load_gguf
 from samebits.models.loader_hf import load_hf_dir
 from samebits.models.testing import write_tiny_checkpoint, write_tiny_gguf
 from tests.models.helpers import get_test_ops
@@ -74,9 +75,23 @@ def test_unsupported_architecture_in_config_json(tiny):
 
 
 def test_unknown_gguf_quant_type_is_named(tmp_path):
-    path = write_tiny_gguf(tmp_path / "m.gguf", "smollm2", qtype="Q5_0")
-    with pytest.raises(UnsupportedModelError, match=r"uses GGUF type Q5_0.*supported: \['F32', 'F16', 'BF16', 'Q8_0'"):
+    path = write_tiny_gguf(tmp_path / "m.gguf", "smollm2", qtype="TQ1_0", hidden_size=256)
+    with pytest.raises(UnsupportedModelError, match=r"uses GGUF type TQ1_0.*supported: \['F32', 'F16', 'BF16', 'Q8_0'"):
         load_gguf(path, get_test_ops(), torch.float32)
+
+
+def test_q8_k_is_refused_with_the_reason(tmp_path):
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(tmp_path / "k.gguf"), "qwen2")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 292), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_K)
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+        write()
+    writer.close()
+    _, tensors = read_gguf(tmp_path / "k.gguf")
+    with pytest.raises(UnsupportedModelError, match="uses GGUF type Q8_K, llama.cpp uses Q8_K for activations only"):
+        dequantize_tensor(tensors[0])
 
 
 def test_unsupported_gguf_architecture_and_tokenizer(tmp_path):

@@ -79,13 +79,16 @@ def test_samebits_written_checkpoint_loads_in_transformers_identically(tmp_path,
 
 
 GGUF_CASES = [("smollm2", q) for q in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")] + [
-    ("mistral", "Q4_0"), ("qwen2", "Q8_0"), ("qwen3", "Q4_1")]
+    ("mistral", "Q4_0"), ("qwen2", "Q8_0"), ("qwen3", "Q4_1"), ("smollm2", "Q4_K"), ("qwen2", "Q6_K"),
+    ("mistral", "Q2_K"), ("qwen2", "Q3_K"), ("smollm2", "Q5_K"), ("smollm2", "Q5_1")]
 
 
 @pytest.mark.parametrize("variant,qtype", GGUF_CASES)
 def test_gguf_matches_transformers_gguf(tmp_path, variant, qtype):
     # transformers' GGUF config mapping ignores key_length and assumes Qwen3's head_dim of 128.
     overrides = {"head_dim": 128} if variant == "qwen3" else {}
+    if qtype.endswith("_K"):
+        overrides["hidden_size"] = 256  # K-quant blocks are 256 wide
     path = write_tiny_gguf(tmp_path / f"{variant}.gguf", variant, seed=1, qtype=qtype, **overrides)
     ref_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name,
                                                                   dtype=torch.float32).eval()

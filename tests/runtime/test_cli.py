@@ -56,7 +56,7 @@ def test_env_check_names_a_missing_or_wrong_workspace_config(template_env, monke
         monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     else:
         monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", value)
-    res = run("env", "--check")
+    res = run("env", "--check", "--device", "cuda")
     assert res.exit_code == 1
     assert "CUBLAS_WORKSPACE_CONFIG" in res.output and (value or "<unset>") in res.output
     assert "NCCL_ALGO" not in res.output, "only what is wrong belongs in the table"
@@ -64,14 +64,57 @@ def test_env_check_names_a_missing_or_wrong_workspace_config(template_env, monke
 
 def test_env_check_names_a_wrong_nccl_variable(template_env, monkeypatch):
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
-    res = run("env", "--check")
+    res = run("env", "--check", "--device", "cuda")
     assert res.exit_code == 1 and "NCCL_NVLS_ENABLE" in res.output
+
+
+@pytest.fixture
+def cuda_here(monkeypatch):
+    """Pretend this machine has (True) or lacks (False) CUDA, as `env --check --device auto` sees it."""
+    from samebits.models import loader
+
+    def pretend(present: bool) -> None:
+        monkeypatch.setattr(loader, "default_device", lambda: "cuda" if present else "cpu")
+
+    return pretend
+
+
+def test_env_check_without_cuda_checks_only_the_cpu_variables(monkeypatch, cuda_here):
+    cuda_here(False)
+    for k in TEMPLATE_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("MKL_CBWR", TEMPLATE_ENV["MKL_CBWR"])
+    res = run("env", "--check")
+    assert res.exit_code == 0 and "matches" in res.output, res.output
+    monkeypatch.delenv("MKL_CBWR")
+    res = run("env", "--check", "--json")
+    assert res.exit_code == 1 and [p["variable"] for p in json.loads(res.output)] == ["MKL_CBWR"]
+
+
+def test_env_check_with_cuda_checks_every_variable(monkeypatch, cuda_here):
+    cuda_here(True)
+    for k in TEMPLATE_ENV:
+        monkeypatch.delenv(k, raising=False)
+    res = run("env", "--check", "--json")
+    assert res.exit_code == 1 and [p["variable"] for p in json.loads(res.output)] == list(TEMPLATE_ENV)
+    assert json.loads(run("env", "--check", "--json", "--device", "cpu").output) == [
+        {"variable": "MKL_CBWR", "expected": TEMPLATE_ENV["MKL_CBWR"], "actual": "<unset>"}]
+
+
+def test_every_template_variable_names_its_device():
+    from samebits.runtime.template import ENV_DEVICE
+
+    assert set(ENV_DEVICE) == set(TEMPLATE_ENV) and set(ENV_DEVICE.values()) == {"cpu", "cuda"}
+
+
+def test_env_check_unknown_device_is_one_line_error():
+    assert_one_line_error(run("env", "--check", "--device", "tpu"))
 
 
 def test_shell_exports_fix_the_check_in_a_real_shell():
     py = sys.executable
-    assert sh(f"{py} -m samebits env --check").returncode == 1
-    fixed = sh(f'eval "$({py} -m samebits env --shell)" && {py} -m samebits env --check')
+    assert sh(f"{py} -m samebits env --check --device cuda").returncode == 1
+    fixed = sh(f'eval "$({py} -m samebits env --shell)" && {py} -m samebits env --check --device cuda')
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
 
 
@@ -156,7 +199,7 @@ def test_env_check_and_verify_lock_speak_json(tmp_path, monkeypatch):
     from samebits.cli import app
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    res = CliRunner().invoke(app, ["env", "--check", "--json"])
+    res = CliRunner().invoke(app, ["env", "--check", "--json", "--device", "cuda"])
     assert res.exit_code == 1
     assert "CUBLAS_WORKSPACE_CONFIG" in {p["variable"] for p in _json.loads(res.output)}
     lock = tmp_path / "samebits.lock"

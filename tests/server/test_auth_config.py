@@ -59,7 +59,7 @@ def test_server_config_rejects(bad):
 
 
 @pytest.mark.parametrize("bad", [{"mode": "turbo"}, {"max_waiting": -1}, {"model": ""}, {"max_model_len": 0},
-                                 {"max_num_seqs": True}, {"port": 70000}, {"api_keys": [""]}])
+                                 {"max_num_seqs": True}, {"port": 70000}, {"api_keys": [""]}, {"log_level": "loud"}])
 def test_server_config_from_flat_fields_rejects(bad):
     field = next(iter(bad))
     with pytest.raises(ValueError, match=field):
@@ -96,7 +96,8 @@ def test_serve_flags_map_one_to_one_to_config_fields():
     command = next(c for c in app.registered_commands if c.callback.__name__ == "serve")
     params = set(inspect.signature(command.callback).parameters)
     engine = {f.name for f in dataclasses.fields(EngineConfig)}
-    assert params == ({f.name for f in dataclasses.fields(ServerConfig)} - {"engine"}) | engine
+    # Besides the fields: typer's context and the positional MODEL (`serve MODEL` as `vllm serve MODEL`).
+    assert params == ({f.name for f in dataclasses.fields(ServerConfig)} - {"engine"}) | engine | {"ctx", "model_arg"}
 
 
 # A value other than the default for every field, and the flags that set it.
@@ -133,7 +134,7 @@ def test_every_config_field_is_reachable_from_serve_flags(monkeypatch):
     assert config.api_keys == ("a", "b") and config.engine.block_size == 32 and config.engine.seed == 7
 
 
-def test_serve_refuses_when_the_template_cannot_be_applied(monkeypatch):
+def test_serve_refuses_when_the_template_cannot_be_applied(monkeypatch, tiny_model_dir):
     import samebits.server.serve as serve_mod
     from samebits import runtime
     from samebits.cli import app
@@ -147,7 +148,7 @@ def test_serve_refuses_when_the_template_cannot_be_applied(monkeypatch):
 
     monkeypatch.setattr(runtime, "deterministic_runtime", broken)
     monkeypatch.setattr(serve_mod, "build_async_engine", no_engine)
-    result = CliRunner().invoke(app, ["serve", "--model", "x"])
+    result = CliRunner().invoke(app, ["serve", "--model", str(tiny_model_dir), "--port", "0"])  # 0: whatever 8000 holds
     assert result.exit_code == 2
     assert "deterministic" in result.output and "CUBLAS_WORKSPACE_CONFIG" in result.output
 

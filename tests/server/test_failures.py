@@ -49,7 +49,7 @@ def test_full_queue_gets_429_and_recovers(gated):
     assert gated.healthy()
     with gated.client() as http:
         assert http.post("/v1/completions", json=REQ).status_code == 200
-        assert "samebits_requests_rejected_queue_full_total 1.0" in http.get("/metrics").text
+        assert f'samebits:requests_rejected_queue_full_total{{model_name="{MODEL_NAME}"}} 1.0' in http.get("/metrics").text
 
 
 def test_engine_death_before_first_token_is_503_and_health_503():

@@ -124,7 +124,7 @@ def metric_values(http: httpx.Client) -> dict[str, float]:
     out = {}
     for fam in text_string_to_metric_families(http.get("/metrics").text):
         for s in fam.samples:
-            if not s.labels:
+            if set(s.labels) <= {"model_name"}:  # one model per server: its series by name alone
                 out[s.name] = s.value
     return out
 
@@ -142,16 +142,16 @@ def test_metrics_move_by_known_token_counts(server):
         after = metric_values(http)
     delta = {k: after[k] - before.get(k, 0.0) for k in after}
     assert first["usage"]["completion_tokens"] == 14 and first["usage"]["prompt_tokens"] == 40
-    assert delta["samebits_prompt_tokens_total"] == 80
-    assert delta["samebits_generation_tokens_total"] == 28
-    assert delta["samebits_requests_finished_total"] == 2
-    assert delta["samebits_time_to_first_token_seconds_count"] == 2
-    assert delta["samebits_e2e_request_latency_seconds_count"] == 2
-    assert delta["samebits_prefix_cache_queries_total"] > 0
-    assert delta["samebits_prefix_cache_hits_total"] >= 32  # the second run reuses the first's two full blocks
+    assert delta["samebits:prompt_tokens_total"] == 80
+    assert delta["samebits:generation_tokens_total"] == 28
+    assert delta["samebits:requests_finished_total"] == 2
+    assert delta["samebits:time_to_first_token_seconds_count"] == 2
+    assert delta["samebits:e2e_request_latency_seconds_count"] == 2
+    assert delta["samebits:prefix_cache_queries_total"] > 0
+    assert delta["samebits:prefix_cache_hits_total"] >= 32  # the second run reuses the first's two full blocks
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 32
     assert second["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]  # cold vs hot prefix cache
-    assert after["samebits_num_requests_running"] == 0 and after["samebits_kv_cache_usage_ratio"] == 0
+    assert after["samebits:num_requests_running"] == 0 and after["samebits:kv_cache_usage_perc"] == 0
 
 
 def test_abandoned_requests_are_aborted_and_free_their_blocks(server):
@@ -200,10 +200,10 @@ def test_abandoned_requests_are_aborted_and_free_their_blocks(server):
         assert r.status_code == 200 and time.monotonic() - start < 5
         wait_idle(server, timeout=5)
         after = metric_values(http)
-    assert after["samebits_kv_cache_usage_ratio"] == 0.0
+    assert after["samebits:kv_cache_usage_perc"] == 0.0
     assert server.async_engine.stats.kv_usage == 0.0 and not server.engine.has_unfinished_requests()
-    assert after["samebits_client_disconnects_total"] - before["samebits_client_disconnects_total"] >= 190
-    assert after["samebits_requests_aborted_total"] - before["samebits_requests_aborted_total"] >= 100
+    assert after["samebits:client_disconnects_total"] - before["samebits:client_disconnects_total"] >= 190
+    assert after["samebits:requests_aborted_total"] - before["samebits:requests_aborted_total"] >= 100
     assert server.healthy()
 
 
@@ -223,7 +223,7 @@ def test_preemption_under_a_small_kv_pool_keeps_the_bits(server, tiny_model_dir)
 
         squeezed = asyncio.run(together(small.url))
         with small.client() as http:
-            preempted = metric_values(http)["samebits_num_preemptions_total"]
+            preempted = metric_values(http)["samebits:num_preemptions_total"]
         with server.client() as http:
             ample = [http.post("/v1/completions", json=r).json()["choices"][0] for r in reqs]
     finally:

@@ -40,3 +40,40 @@ def test_serve_command_end_to_end(tiny_model_dir):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_serve_logs_one_startup_line_after_loading(tiny_model_dir):
+    port = free_port()
+    cmd = [sys.executable, "-m", "samebits", "serve", str(tiny_model_dir), "--port", str(port), "--device", "cpu",
+           "--max-model-len", "128", "--kv-cache-tokens", "1024", "--block-size", "16"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "serving " in line or len(lines) > 50:
+                break
+        assert lines and "serving " in lines[-1], "".join(lines)
+        line = lines[-1]
+        for part in [f"on http://127.0.0.1:{port}", f"model {tiny_model_dir.name} (HF folder {tiny_model_dir})",
+                     "mode deterministic", "dtype float32", "device cpu", "context 128 tokens",
+                     "KV cache 64 blocks x 16 = 1024 tokens", "fingerprint "]:
+            assert part in line, (part, line)
+        assert any("loading" in ln for ln in lines[:-1])
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_a_busy_port_fails_before_the_model_loads(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        # No model at that path either: the port is checked first, so the error is about the port.
+        res = subprocess.run([sys.executable, "-m", "samebits", "serve", str(tmp_path / "absent"), "--port",
+                              str(port)], capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode != 0
+    lines = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: cannot listen on 127.0.0.1:"), lines
+    assert "another --port" in lines[0]

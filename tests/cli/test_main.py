@@ -1,0 +1,63 @@
+"""The `samebits` command itself: --version, `serve MODEL` as `vllm serve MODEL`, one-line errors for misuse."""
+from importlib.metadata import version
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from samebits.cli import app
+from samebits.server import serve as serve_module
+from samebits.server.config import ServerConfig
+from tests.runtime.test_cli import assert_one_line_error
+
+
+def run(*args):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_version():
+    res = run("--version")
+    assert res.exit_code == 0 and res.output == f"samebits {version('samebits')}\n"
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """The ServerConfig that `samebits serve` would start, without starting it."""
+    configs = []
+    monkeypatch.setattr(serve_module, "serve", configs.append)
+    return configs
+
+
+@pytest.mark.parametrize("args,model", [
+    (["serve", "/models/a"], "/models/a"),
+    (["serve", "--model", "/models/b"], "/models/b"),
+    (["serve", "/models/a", "--model", "/models/a"], "/models/a"),
+    (["serve", "--port", "9000", "/models/a"], "/models/a"),
+    (["serve"], ServerConfig().engine.model),
+])
+def test_serve_takes_the_model_as_argument_or_flag(served, args, model):
+    res = run(*args)
+    assert res.exit_code == 0, res.output
+    assert [c.engine.model for c in served] == [model]
+
+
+def test_serve_two_different_models_is_one_line_error(served):
+    res = run("serve", "/models/a", "--model", "/models/b")
+    assert_one_line_error(res)
+    assert "'/models/a' (MODEL)" in res.output and "'/models/b' (--model)" in res.output
+    assert served == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("command", [["serve", "--device", "cuda"], ["generate", "hi", "--device", "cuda"],
+                                     ["demo", "--device", "cuda"]])
+def test_cuda_on_a_machine_without_it_is_one_line_error(command):
+    res = run(*command)
+    assert_one_line_error(res)
+    assert "CUDA is not available on this machine" in res.output
+
+
+def test_unknown_device_is_one_line_error():
+    res = run("serve", "--device", "tpu")
+    assert_one_line_error(res)
+    assert "unknown device 'tpu'" in res.output
