@@ -34,23 +34,23 @@ def _one(p, encode) -> tuple[str | None, list[int]]:
     return (p, encode(p)) if isinstance(p, str) else (None, list(p))
 
 
-def message_text(content) -> str:
-    """A message's content: a str, None ("") or OpenAI content parts, whose text parts are joined."""
+def message_text(content, i: int) -> str:
+    """Message i's content: a str, None ("") or OpenAI content parts, whose text parts are joined."""
     if content is None or isinstance(content, str):
         return content or ""
     texts = []
     for part in content:
         kind, text = part.get("type"), part.get("text")
         if kind != "text" or not isinstance(text, str):
-            raise ValueError(f"messages: content parts must be text parts with a text, got type {kind!r}")
+            raise ValueError(f"messages[{i}].content: only text parts (with a text) are supported, got type {kind!r}")
         texts.append(text)
     return "".join(texts)
 
 
 def chat_messages(messages: list[dict]) -> list[dict]:
     """Messages as the chat template expects them: content as text."""
-    return [{"role": m["role"], "content": message_text(m.get("content")),
-             **({"name": m["name"]} if m.get("name") else {})} for m in messages]
+    return [{"role": m["role"], "content": message_text(m.get("content"), i),
+             **({"name": m["name"]} if m.get("name") else {})} for i, m in enumerate(messages)]
 
 
 def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,

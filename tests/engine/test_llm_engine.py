@@ -93,7 +93,7 @@ def test_chat_content_parts_and_template_options(llm):
     assert tok.decode(cont[0].prompt_token_ids, skip_special_tokens=False).endswith("assistant\nThe answer is")
     with pytest.raises(ValueError, match="continue_final_message cannot be combined with add_generation_prompt"):
         llm.chat(opened, params, use_tqdm=False, continue_final_message=True)
-    with pytest.raises(ValueError, match="messages: content parts must be text parts"):
+    with pytest.raises(ValueError, match=r"messages\[0\].content: only text parts"):
         llm.chat([{"role": "user", "content": [{"type": "image_url"}]}], params, use_tqdm=False)
     with pytest.raises(ValueError, match="chat_template_kwargs may not set 'tools'"):
         llm.chat(text, params, use_tqdm=False, chat_template_kwargs={"tools": [{}]})

@@ -1,0 +1,130 @@
+"""The field policy: every refused field is a 400 naming it; every implemented one does what it says, through the real
+`openai` client; n > 1 streams one choice per chunk."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+from samebits.server.fields import BOOKKEEPING, REFUSED
+from tests.server.conftest import MODEL_NAME
+from tests.server.test_bad_inputs import CHAT, CMPL, c, ch, check_error
+
+PATH = {"completions": CMPL, "chat": CHAT}
+# Values a client would really send; the rest of the table gets a value that is neutral for none of them.
+REAL = {"presence_penalty": 0.5, "frequency_penalty": -0.3, "repetition_penalty": 1.2, "logit_bias": {"5": 10},
+        "min_tokens": 3, "prompt_logprobs": 1, "response_format": {"type": "json_object"}, "bad_words": ["x"],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "required",
+        "suffix": "tail", "best_of": 2, "echo": True, "use_beam_search": True, "guided_choice": ["a", "b"]}
+REFUSED_CASES = [(e, name, REAL.get(name, 7)) for e in REFUSED for name in sorted(REFUSED[e])]
+ISSUE_FIELDS = ("tools", "tool_choice", "response_format", "repetition_penalty", "min_tokens", "prompt_logprobs",
+                "presence_penalty", "frequency_penalty", "logit_bias")
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_the_issues_fields_are_in_the_table():
+    for endpoint in REFUSED:
+        assert set(ISSUE_FIELDS) <= set(REFUSED[endpoint])
+        assert not set(BOOKKEEPING) & set(REFUSED[endpoint])
+
+
+@pytest.mark.parametrize("endpoint,name,value", REFUSED_CASES, ids=[f"{e}-{n}" for e, n, _ in REFUSED_CASES])
+def test_refused_field_is_a_400_naming_it(server, endpoint, name, value):
+    body = (c if endpoint == "completions" else ch)(**{name: value})
+    with server.client() as http:
+        check_error(http.post(PATH[endpoint], json=body), 400, name, [name, "not supported"])
+
+
+def _completion(client, **kw):
+    return client.completions.create(model=MODEL_NAME, prompt="the cat", max_tokens=24, temperature=1.0, seed=11,
+                                     extra_body={"ignore_eos": True, **kw.pop("extra", {})}, **kw).choices[0]
+
+
+def test_include_stop_str_in_output(client):
+    full = _completion(client).text
+    # The random model writes byte soup: cut at three whole characters.
+    stop = next(full[i:i + 3] for i in range(4, len(full) - 3) if "\ufffd" not in full[i:i + 3])
+    cut = _completion(client, stop=[stop])
+    kept = _completion(client, stop=[stop], extra={"include_stop_str_in_output": True})
+    assert (cut.text, cut.finish_reason, cut.model_extra["stop_reason"]) == (full[:full.find(stop)], "stop", stop)
+    assert (kept.text, kept.token_ids) == (full[:full.find(stop) + len(stop)], cut.token_ids)
+    streamed = client.completions.create(model=MODEL_NAME, prompt="the cat", max_tokens=24, temperature=1.0, seed=11,
+                                         stop=[stop], stream=True,
+                                         extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
+    assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == kept.text
+
+
+def test_skip_special_tokens(server, client):
+    tok = server.engine.tokenizer
+    kw = dict(model=MODEL_NAME, prompt="the cat", max_tokens=32, temperature=2.0, seed=5, n=8)
+    kept = client.completions.create(**kw, extra_body={"ignore_eos": True, "skip_special_tokens": False}).choices
+    skipped = client.completions.create(**kw, extra_body={"ignore_eos": True}).choices
+    assert [k.token_ids for k in kept] == [s.token_ids for s in skipped]
+    assert [k.text for k in kept] == [tok.decode(k.token_ids, skip_special_tokens=False) for k in kept]
+    assert [s.text for s in skipped] == [tok.decode(s.token_ids) for s in skipped]
+    assert any("<|" in k.text for k in kept) and not any("<|" in s.text for s in skipped)
+
+
+def _chat_prompt_tokens(client, messages, **extra) -> int:
+    r = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=1, temperature=0,
+                                       extra_body=extra)
+    return r.usage.prompt_tokens
+
+
+def test_chat_template_options(server, client):
+    tok = server.engine.tokenizer
+    msgs = [{"role": "user", "content": "hello world"}]
+    opened = msgs + [{"role": "assistant", "content": "The answer is"}]
+
+    def n_tokens(m, gen):
+        return len(tok.encode(tok.apply_chat_template(m, add_generation_prompt=gen), add_special_tokens=False))
+
+    assert _chat_prompt_tokens(client, msgs) == n_tokens(msgs, True)
+    assert _chat_prompt_tokens(client, msgs, add_generation_prompt=False) == n_tokens(msgs, False) < n_tokens(msgs, True)
+    # The open final message drops the template's end-of-turn tokens ("<|im_end|>", "\n").
+    assert _chat_prompt_tokens(client, opened, add_generation_prompt=False, continue_final_message=True) == \
+        n_tokens(opened, False) - 2
+    assert _chat_prompt_tokens(client, msgs, chat_template_kwargs={"enable_thinking": False}) == n_tokens(msgs, True)
+    with server.client() as http:
+        check_error(http.post(CHAT, json=ch(continue_final_message=True)), 400, "continue_final_message",
+                    ["add_generation_prompt"])
+        check_error(http.post(CHAT, json=ch(chat_template_kwargs={"tools": []})), 400, "chat_template_kwargs",
+                    ["tools"])
+
+
+def test_chat_content_parts_equal_text(client):
+    kw = dict(model=MODEL_NAME, max_tokens=6, temperature=0.7, seed=2, extra_body={"ignore_eos": True})
+    text = client.chat.completions.create(messages=[{"role": "user", "content": "hello world"}], **kw)
+    parts = client.chat.completions.create(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}], **kw)
+    assert parts.choices[0].model_extra["token_ids"] == text.choices[0].model_extra["token_ids"]
+    assert parts.usage.prompt_tokens == text.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("kind", ["completions", "chat"])
+def test_streaming_n_sends_one_choice_per_chunk(client, kind):
+    kw = dict(model=MODEL_NAME, max_tokens=5, temperature=1.0, seed=9, n=3, extra_body={"ignore_eos": True})
+    if kind == "chat":
+        kw["messages"] = [{"role": "user", "content": "hi"}]
+        whole = client.chat.completions.create(**kw)
+        chunks = list(client.chat.completions.create(stream=True, **kw))
+        want = {ch.index: ch.message.content for ch in whole.choices}
+        piece = lambda choice: choice.delta.content or ""  # noqa: E731
+    else:
+        kw["prompt"] = ["the cat", "hello"]
+        whole = client.completions.create(**kw)
+        chunks = list(client.completions.create(stream=True, **kw))
+        want = {ch.index: ch.text for ch in whole.choices}
+        piece = lambda choice: choice.text  # noqa: E731
+    assert chunks and all(len(ch.choices) == 1 for ch in chunks)
+    got: dict[int, str] = {}
+    finished = set()
+    for ch in chunks:
+        choice = ch.choices[0]
+        got[choice.index] = got.get(choice.index, "") + piece(choice)
+        if choice.finish_reason is not None:
+            finished.add(choice.index)
+    assert got == want and finished == set(want) and len(want) == (3 if kind == "chat" else 6)
