@@ -100,7 +100,7 @@ def test_chat_content_parts_and_template_options(llm):
 
 
 def test_include_stop_str_and_special_tokens_end_to_end(llm):
-    base = dict(temperature=1.0, seed=4, max_tokens=40, ignore_eos=True)
+    base = {"temperature": 1.0, "seed": 4, "max_tokens": 40, "ignore_eos": True}
     full = llm.generate(["hello world"], SamplingParams(**base), use_tqdm=False)[0].outputs[0].text
     stop = full[10:13]
     kept = llm.generate(["hello world"], SamplingParams(**base, stop=[stop], include_stop_str_in_output=True),

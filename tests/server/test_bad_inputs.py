@@ -134,8 +134,9 @@ def test_chunked_body_over_limit(server):
 
 
 def test_neutral_defaults_accepted_unknown_fields_refused(server):
-    neutral = dict(user="me", frequency_penalty=0, presence_penalty=0.0, logit_bias={}, tools=[], tool_choice="none",
-                   n=1, metadata={"a": "b"}, response_format={"type": "text"}, repetition_penalty=1, suffix=None)
+    neutral = {"user": "me", "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "tools": [],
+               "tool_choice": "none", "n": 1, "metadata": {"a": "b"}, "response_format": {"type": "text"},
+               "repetition_penalty": 1, "suffix": None}
     with server.client() as http:
         r = http.post(CMPL, json=c(temperature=0, **neutral))
         assert r.status_code == 200, r.text

@@ -59,7 +59,7 @@ def test_include_stop_str_in_output(client):
 
 def test_skip_special_tokens(server, client):
     tok = server.engine.tokenizer
-    kw = dict(model=MODEL_NAME, prompt="the cat", max_tokens=32, temperature=2.0, seed=5, n=8)
+    kw = {"model": MODEL_NAME, "prompt": "the cat", "max_tokens": 32, "temperature": 2.0, "seed": 5, "n": 8}
     kept = client.completions.create(**kw, extra_body={"ignore_eos": True, "skip_special_tokens": False}).choices
     skipped = client.completions.create(**kw, extra_body={"ignore_eos": True}).choices
     assert [k.token_ids for k in kept] == [s.token_ids for s in skipped]
@@ -96,7 +96,7 @@ def test_chat_template_options(server, client):
 
 
 def test_chat_content_parts_equal_text(client):
-    kw = dict(model=MODEL_NAME, max_tokens=6, temperature=0.7, seed=2, extra_body={"ignore_eos": True})
+    kw = {"model": MODEL_NAME, "max_tokens": 6, "temperature": 0.7, "seed": 2, "extra_body": {"ignore_eos": True}}
     text = client.chat.completions.create(messages=[{"role": "user", "content": "hello world"}], **kw)
     parts = client.chat.completions.create(messages=[{"role": "user", "content": [
         {"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}], **kw)
@@ -106,25 +106,30 @@ def test_chat_content_parts_equal_text(client):
 
 @pytest.mark.parametrize("kind", ["completions", "chat"])
 def test_streaming_n_sends_one_choice_per_chunk(client, kind):
-    kw = dict(model=MODEL_NAME, max_tokens=5, temperature=1.0, seed=9, n=3, extra_body={"ignore_eos": True})
+    kw = {"model": MODEL_NAME, "max_tokens": 5, "temperature": 1.0, "seed": 9, "n": 3,
+          "extra_body": {"ignore_eos": True}}
     if kind == "chat":
-        kw["messages"] = [{"role": "user", "content": "hi"}]
-        whole = client.chat.completions.create(**kw)
-        chunks = list(client.chat.completions.create(stream=True, **kw))
-        want = {ch.index: ch.message.content for ch in whole.choices}
-        piece = lambda choice: choice.delta.content or ""  # noqa: E731
+        api, kw["messages"] = client.chat.completions, [{"role": "user", "content": "hi"}]
     else:
-        kw["prompt"] = ["the cat", "hello"]
-        whole = client.completions.create(**kw)
-        chunks = list(client.completions.create(stream=True, **kw))
-        want = {ch.index: ch.text for ch in whole.choices}
-        piece = lambda choice: choice.text  # noqa: E731
-    assert chunks and all(len(ch.choices) == 1 for ch in chunks)
+        api, kw["prompt"] = client.completions, ["the cat", "hello"]
+    whole = api.create(**kw)
+    chunks = list(api.create(stream=True, **kw))
+    want = {c.index: c.message.content if kind == "chat" else c.text for c in whole.choices}
+    assert chunks and all(len(chunk.choices) == 1 for chunk in chunks)
     got: dict[int, str] = {}
     finished = set()
-    for ch in chunks:
-        choice = ch.choices[0]
-        got[choice.index] = got.get(choice.index, "") + piece(choice)
+    for chunk in chunks:
+        choice = chunk.choices[0]
+        piece = (choice.delta.content or "") if kind == "chat" else choice.text
+        got[choice.index] = got.get(choice.index, "") + piece
         if choice.finish_reason is not None:
             finished.add(choice.index)
     assert got == want and finished == set(want) and len(want) == (3 if kind == "chat" else 6)
+
+
+def test_readme_lists_every_refused_and_bookkeeping_field():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    names = set(BOOKKEEPING).union(*REFUSED.values())
+    assert [n for n in sorted(names) if f"`{n}`" not in readme] == []
