@@ -23,7 +23,8 @@ _SAMPLING = {
 _FEATURES = {
     "tools": ([],), "tool_choice": ("none", "auto"), "parallel_tool_calls": (True, False), "functions": ([],),
     "function_call": ("none", "auto"), "audio": (), "modalities": (["text"],), "prediction": (),
-    "reasoning_effort": (), "verbosity": (), "web_search_options": (), "prompt_embeds": (), "mm_processor_kwargs": ({},),
+    "reasoning_effort": (), "verbosity": (), "web_search_options": (), "prompt_embeds": (),
+    "mm_processor_kwargs": ({},),
     "priority": (0,), "request_id": (), "cache_salt": (), "kv_transfer_params": (), "vllm_xargs": (),
 }
 REFUSED: dict[str, dict[str, tuple]] = {
@@ -34,6 +35,10 @@ REFUSED: dict[str, dict[str, tuple]] = {
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # The provider's bookkeeping: accepted, and no output depends on it.
 BOOKKEEPING = ("metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
+# Inside the body's objects, the same policy: a message replayed from an OpenAI response carries these as null or [].
+REFUSED_IN_MESSAGE = {"tool_calls": ([],), "tool_call_id": (), "function_call": (), "audio": (), "refusal": (),
+                      "annotations": ([],), "reasoning_content": ()}
+REFUSED_IN_STREAM_OPTIONS = {"continuous_usage_stats": (False,)}
 
 
 def _neutral(value, neutrals: tuple) -> bool:
@@ -41,15 +46,29 @@ def _neutral(value, neutrals: tuple) -> bool:
     return value is None or any(isinstance(value, bool) == isinstance(v, bool) and value == v for v in neutrals)
 
 
-def check_fields(endpoint: str, extra: dict) -> None:
-    """The body's fields beyond the typed (implemented) ones: each is bookkeeping, refused-but-neutral, or a 400."""
-    refused = REFUSED[endpoint]
+def _check(extra: dict, refused: dict[str, tuple], owner: str, prefix: str = "", param: str | None = None) -> None:
     for name, value in extra.items():
-        if name in BOOKKEEPING:
-            continue
+        field = prefix + name
         if name not in refused:
-            raise invalid(f"{name} is not a field of {PATHS[endpoint]} in the OpenAI or vLLM API; samebits refuses unknown fields rather than ignore them", name)
+            raise invalid(f"{field} is not a field of {owner} in the OpenAI or vLLM API; samebits refuses unknown "
+                          f"fields rather than ignore them", param or name)
         if not _neutral(value, refused[name]):
             shown = " or ".join(repr(v) for v in refused[name])
             hint = f"send {shown}, null or leave it out" if shown else "leave it out or send null"
-            raise invalid(f"{name} is not supported by samebits; {hint}", name)
+            raise invalid(f"{field} is not supported by samebits; {hint}", param or name)
+
+
+def check_fields(endpoint: str, req) -> None:
+    """Every field beyond the typed (implemented) ones, in the body and in its objects: bookkeeping, refused but sent
+    with a neutral value, or a 400 naming it."""
+    _check({k: v for k, v in (req.model_extra or {}).items() if k not in BOOKKEEPING}, REFUSED[endpoint],
+           PATHS[endpoint])
+    if req.stream_options is not None:
+        _check(req.stream_options.model_extra or {}, REFUSED_IN_STREAM_OPTIONS, "stream_options", "stream_options.",
+               "stream_options")
+    for i, m in enumerate(getattr(req, "messages", ())):
+        _check(m.model_extra or {}, REFUSED_IN_MESSAGE, "a chat message", f"messages[{i}].", "messages")
+        # Parts of other types are refused by their type (engine.prompts), a clearer message than their fields.
+        parts = [(j, p) for j, p in enumerate(m.content if isinstance(m.content, list) else ()) if p.type == "text"]
+        for j, part in parts:
+            _check(part.model_extra or {}, {}, "a text content part", f"messages[{i}].content[{j}].", "messages")

@@ -1,7 +1,7 @@
 """Request models of the OpenAI API subset samebits serves: the body's shape, nothing more.
 
 Pydantic checks types (strict: "5" is not an int, true is not a number); `requests` checks values. The typed fields
-are the implemented ones; a request body keeps its other fields (`model_extra`) for the field policy (`fields`), which
+are the implemented ones; every object keeps its other fields (`model_extra`) for the field policy (`fields`), which
 refuses each with a 400 unless it is sent with a neutral value or changes no output.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class StreamOptions(_Base):
@@ -21,8 +21,6 @@ class StreamOptions(_Base):
 
 class _Sampling(_Base):
     """Fields shared by both endpoints."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str
     temperature: float | None = None

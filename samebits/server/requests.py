@@ -158,7 +158,7 @@ def _check_message(i: int, m: ChatMessage) -> None:
 def _check_request(state: ServerState, req, endpoint: str) -> None:
     cfg = state.config
     state.check_model(req.model)
-    check_fields(endpoint, req.model_extra or {})
+    check_fields(endpoint, req)
     _check_limits(req, cfg.max_n, cfg.max_stop, state.vocab_size)
 
 

@@ -85,8 +85,8 @@ def test_chat_content_parts_and_template_options(llm):
     tok = llm.get_tokenizer()
     with_prompt = llm.chat(text, params, use_tqdm=False)[0].prompt_token_ids
     without = llm.chat(text, params, use_tqdm=False, add_generation_prompt=False)[0].prompt_token_ids
-    assert with_prompt == tok.encode(tok.apply_chat_template(text, add_generation_prompt=True), add_special_tokens=False)
-    assert without == tok.encode(tok.apply_chat_template(text, add_generation_prompt=False), add_special_tokens=False)
+    for ids, gen in ((with_prompt, True), (without, False)):
+        assert ids == tok.encode(tok.apply_chat_template(text, add_generation_prompt=gen), add_special_tokens=False)
     assert without != with_prompt
     opened = text + [{"role": "assistant", "content": "The answer is"}]
     cont = llm.chat(opened, params, use_tqdm=False, add_generation_prompt=False, continue_final_message=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from samebits.server.fields import BOOKKEEPING, REFUSED
+from samebits.server.fields import BOOKKEEPING, REFUSED, REFUSED_IN_MESSAGE, REFUSED_IN_STREAM_OPTIONS
 from tests.server.conftest import MODEL_NAME
 from tests.server.test_bad_inputs import CHAT, CMPL, c, ch, check_error
 
@@ -36,6 +36,41 @@ def test_refused_field_is_a_400_naming_it(server, endpoint, name, value):
     body = (c if endpoint == "completions" else ch)(**{name: value})
     with server.client() as http:
         check_error(http.post(PATH[endpoint], json=body), 400, name, [name, "not supported"])
+
+
+USER = {"role": "user", "content": "hi"}
+REPLAYED = {"role": "assistant", "content": "hello", "tool_calls": [], "refusal": None, "annotations": [],
+            "audio": None, "function_call": None}
+NESTED_CASES = [
+    ("tool_calls", ch(messages=[USER, {**REPLAYED, "tool_calls": [{"id": "1", "type": "function"}]}, USER]),
+     "messages", ["messages[1].tool_calls", "not supported"]),
+    ("tool_call_id", ch(messages=[USER, {"role": "tool", "content": "4", "tool_call_id": "1"}]), "messages",
+     ["messages[1].tool_call_id"]),
+    ("message_unknown", ch(messages=[{**USER, "colour": "red"}]), "messages", ["messages[0].colour", "unknown"]),
+    ("part_unknown", ch(messages=[{"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {}}]}]),
+     "messages", ["messages[0].content[0].cache_control"]),
+    ("image_part", ch(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+     "messages", ["only text parts", "image_url"]),
+    ("continuous_usage_stats", ch(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}),
+     "stream_options", ["stream_options.continuous_usage_stats", "not supported"]),
+]
+
+
+@pytest.mark.parametrize("name,body,param,words", NESTED_CASES, ids=[x[0] for x in NESTED_CASES])
+def test_refused_field_inside_an_object_is_a_400_naming_it(server, name, body, param, words):
+    with server.client() as http:
+        check_error(http.post(CHAT, json=body), 400, param, words)
+
+
+def test_replayed_assistant_message_with_neutral_fields_is_accepted(server):
+    with server.client() as http:
+        plain = http.post(CHAT, json=ch(temperature=0,
+                                        messages=[USER, {"role": "assistant", "content": "hello"}, USER]))
+        replayed = http.post(CHAT, json=ch(temperature=0, messages=[USER, REPLAYED, USER],
+                                           stream_options={"continuous_usage_stats": False}))
+    assert plain.status_code == replayed.status_code == 200, replayed.text
+    assert plain.json()["choices"][0]["token_ids"] == replayed.json()["choices"][0]["token_ids"]
+    assert plain.json()["usage"]["prompt_tokens"] == replayed.json()["usage"]["prompt_tokens"]
 
 
 def _completion(client, **kw):
@@ -83,7 +118,8 @@ def test_chat_template_options(server, client):
         return len(tok.encode(tok.apply_chat_template(m, add_generation_prompt=gen), add_special_tokens=False))
 
     assert _chat_prompt_tokens(client, msgs) == n_tokens(msgs, True)
-    assert _chat_prompt_tokens(client, msgs, add_generation_prompt=False) == n_tokens(msgs, False) < n_tokens(msgs, True)
+    assert _chat_prompt_tokens(client, msgs, add_generation_prompt=False) == n_tokens(msgs, False) < \
+        n_tokens(msgs, True)
     # The open final message drops the template's end-of-turn tokens ("<|im_end|>", "\n").
     assert _chat_prompt_tokens(client, opened, add_generation_prompt=False, continue_final_message=True) == \
         n_tokens(opened, False) - 2
@@ -131,5 +167,5 @@ def test_readme_lists_every_refused_and_bookkeeping_field():
     from pathlib import Path
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
-    names = set(BOOKKEEPING).union(*REFUSED.values())
+    names = set(BOOKKEEPING).union(*REFUSED.values(), REFUSED_IN_MESSAGE, REFUSED_IN_STREAM_OPTIONS)
     assert [n for n in sorted(names) if f"`{n}`" not in readme] == []
