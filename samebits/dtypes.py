@@ -9,11 +9,16 @@ DTYPE_ALIASES = {
 }
 
 
+# vLLM's default spelling of "let the loader choose": the same as None (bf16 on cuda, fp32 on cpu).
+AUTO = "auto"
+
+
 def normalize_dtype(dtype) -> str | None:
-    """None, an alias or a torch.dtype -> its canonical name, or ValueError naming the field and the choices."""
-    if dtype is None:
+    """None or "auto", an alias or a torch.dtype -> its canonical name (None for the loader's choice), or ValueError
+    naming the field and the choices."""
+    if dtype is None or dtype == AUTO:
         return None
     name = str(dtype).removeprefix("torch.").lower()
     if name not in DTYPE_ALIASES:
-        raise ValueError(f"dtype must be None or one of {sorted(set(DTYPE_ALIASES.values()))}, got {dtype!r}")
+        raise ValueError(f"dtype must be None, {AUTO!r} or one of {sorted(set(DTYPE_ALIASES.values()))}, got {dtype!r}")
     return DTYPE_ALIASES[name]

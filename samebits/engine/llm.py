@@ -6,6 +6,7 @@ import itertools
 
 from samebits.engine.config import EngineConfig
 from samebits.engine.outputs import RequestOutput
+from samebits.engine.prompts import normalize_prompts, render_chat
 from samebits.engine.sampling_params import SamplingParams
 
 
@@ -24,6 +25,9 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
     def _runtime(self):
         if self.config.mode != "deterministic":
             return contextlib.nullcontext()
@@ -32,16 +36,20 @@ class LLM:
         return deterministic_runtime()
 
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
-        token_lists, texts = self._normalize_prompts(prompts)
-        params = self._params_per_prompt(sampling_params, len(token_lists))
+        """`prompts`: a str, a list of token ids, a vLLM TextPrompt {"prompt": str} or TokensPrompt
+        {"prompt_token_ids": [...]}, or a list of those."""
+        items = normalize_prompts(prompts, self.tokenizer.encode)
+        params = self._params_per_prompt(sampling_params, len(items))
         with self._runtime():
-            ids = [self._add(t, p, text) for t, p, text in zip(token_lists, params, texts)]
+            ids = [self._add(t, p, text) for (text, t), p in zip(items, params)]
             return self._run(ids, use_tqdm)
 
-    def chat(self, messages, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """One conversation or a list of them; content may be OpenAI content parts. The options are vLLM's."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        # Token ids, not text: the rendered template already holds its special tokens (no second BOS).
-        prompts = [self.tokenizer.encode_chat(c, add_generation_prompt=True) for c in conversations]
+        prompts = [render_chat(self.tokenizer, c, add_generation_prompt, continue_final_message, chat_template_kwargs)
+                   for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def score(self, prompt_token_ids, completion_token_ids) -> list[float] | list[list[float]]:
@@ -70,14 +78,6 @@ class LLM:
                         done[out.request_id] = out
                         bar.advance(task)
         return [done[i] for i in ids]
-
-    def _normalize_prompts(self, prompts) -> tuple[list[list[int]], list[str | None]]:
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        if prompts and isinstance(prompts[0], int):
-            prompts = [prompts]
-        tokens = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-        return tokens, [p if isinstance(p, str) else None for p in prompts]
 
     @staticmethod
     def _params_per_prompt(sampling_params, n: int) -> list[SamplingParams]:

@@ -99,26 +99,29 @@ class OutputProcessor:
         self.generation_tokens += 1
         self._touched[seq.request_id] = None
         finish = token_rule(seq, self.eos_token_ids, self.max_model_len)
-        grown = self._detokenize(seq, sample, flush=finish is not None)
+        # Like vLLM, the eos that ends a sample is not text unless the client asks for its stop in the output.
+        hide_eos = finish is not None and finish.reason == "stop" and finish.stop_reason is None \
+            and not seq.params.include_stop_str_in_output
+        grown = self._detokenize(seq, sample, flush=finish is not None, hide_last=hide_eos)
         hit = find_stop_string(sample.text, grown, seq.params.stop_strings)
         if hit is None:
             return finish
         stop, at = hit
-        sample.text = sample.text[:at]
+        sample.text = sample.text[:at + (len(stop) if seq.params.include_stop_str_in_output else 0)]
         # The token that hit max_tokens may also complete a stop string; like vLLM, report the stop.
         return finish if finish is not None and finish.reason == "stop" else Finish(seq, "stop", stop)
 
-    def _detokenize(self, seq: Sequence, sample: _SampleOutput, flush: bool) -> int:
+    def _detokenize(self, seq: Sequence, sample: _SampleOutput, flush: bool, hide_last: bool = False) -> int:
         """Decode only a short window, so a step costs O(1) in output length; returns how many characters the
         window grew by (where a new stop string can end)."""
-        ids = seq.output_token_ids
-        before = self.tokenizer.decode(ids[sample.prefix:sample.read])
-        after = self.tokenizer.decode(ids[sample.prefix:])
+        ids, skip = seq.output_token_ids, seq.params.skip_special_tokens
+        before = self.tokenizer.decode(ids[sample.prefix:sample.read], skip_special_tokens=skip)
+        after = self.tokenizer.decode(ids[sample.prefix:], skip_special_tokens=skip)
         if len(after) > len(before) and not after.endswith("\ufffd"):  # wait for the rest of a split character
             sample.text += after[len(before):]
             sample.prefix, sample.read = sample.read, len(ids)
         if flush:  # nothing more will come: flush what a split character held back
-            sample.text = self.tokenizer.decode(ids)
+            sample.text = self.tokenizer.decode(ids[:len(ids) - hide_last], skip_special_tokens=skip)
         return len(after) - len(before)
 
     # ---- outputs -------------------------------------------------------------------------------------------

@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 
 from samebits.engine.config import SEED_LIMIT
 
 MAX_LOGPROBS = 20
+
+# vLLM SamplingParams names samebits does not implement, so passing one names the gap instead of "unknown".
+NOT_IMPLEMENTED = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens",
+                   "prompt_logprobs", "bad_words", "allowed_token_ids", "logits_processors", "truncate_prompt_tokens",
+                   "guided_decoding", "structured_outputs", "spaces_between_special_tokens", "best_of", "output_kind",
+                   "detokenize", "extra_args")
 
 
 def _is_int(value) -> bool:
@@ -37,12 +43,27 @@ class SamplingParams:
     seed: int | None = None
     n: int = 1
     logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __new__(cls, *args, **kwargs):
+        # The dataclass __init__'s TypeError names neither the valid names nor whether vLLM has the unknown one.
+        names = [f.name for f in fields(cls)]
+        for key in kwargs:
+            if key not in names:
+                what = "is a vLLM field samebits does not implement" if key in NOT_IMPLEMENTED else "is unknown"
+                raise TypeError(f"SamplingParams: {key!r} {what}; the valid names are {', '.join(names)}")
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
+        if self.top_k == 0 and _is_int(self.top_k):  # vLLM's and OpenAI's "off", held as our one spelling -1
+            object.__setattr__(self, "top_k", -1)
         self._check_floats()
         self._check_counts()
         self._check_stops()
-        _require(isinstance(self.ignore_eos, bool), f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            value = getattr(self, name)
+            _require(isinstance(value, bool), f"{name} must be a bool, got {value!r}")
 
     def _check_floats(self) -> None:
         t, p, m = self.temperature, self.top_p, self.min_p
@@ -52,7 +73,7 @@ class SamplingParams:
 
     def _check_counts(self) -> None:
         k, mt, n, lp, s = self.top_k, self.max_tokens, self.n, self.logprobs, self.seed
-        _require(_is_int(k) and (k == -1 or k >= 1), f"top_k must be -1 (off) or >= 1, got {k!r}")
+        _require(_is_int(k) and (k == -1 or k >= 1), f"top_k must be -1 or 0 (off) or >= 1, got {k!r}")
         _require(_is_int(mt) and mt >= 1, f"max_tokens must be an int >= 1, got {mt!r}")
         _require(_is_int(n) and n >= 1, f"n must be an int >= 1, got {n!r}")
         lp_ok = lp is None or (_is_int(lp) and 0 <= lp <= MAX_LOGPROBS)

@@ -1,15 +1,18 @@
 """Request models of the OpenAI API subset samebits serves: the body's shape, nothing more.
 
-Pydantic checks types (strict: "5" is not an int, true is not a number); `requests` checks values. Unknown fields are
-ignored, as OpenAI does.
+Pydantic checks types (strict: "5" is not an int, true is not a number); `requests` checks values. The typed fields
+are the implemented ones; every object keeps its other fields (`model_extra`) for the field policy (`fields`), which
+refuses each with a 400 unless it is sent with a neutral value or changes no output.
 """
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class StreamOptions(_Base):
@@ -32,10 +35,8 @@ class _Sampling(_Base):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # Accepted so clients that always send them work; anything but the neutral value is refused, never ignored.
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
 
 class CompletionRequest(_Sampling):
@@ -44,7 +45,6 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = None
     echo: bool | None = False
     best_of: int | None = None
-    suffix: str | None = None
 
 
 class ContentPart(_Base):
@@ -64,3 +64,6 @@ class ChatRequest(_Sampling):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None

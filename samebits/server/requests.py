@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
+from samebits.engine.prompts import ChatTemplateError, render_chat
 from samebits.engine.sampling_params import ContextLengthError, SamplingParams
 from samebits.server.errors import APIError, field_of, invalid, too_large, validation_message
-from samebits.server.protocol import ChatMessage, ChatRequest, CompletionRequest, ContentPart
+from samebits.server.fields import check_fields
+from samebits.server.protocol import ChatMessage, ChatRequest, CompletionRequest
 from samebits.server.state import ServerState
 
 # A union field's pydantic errors name each member; the client needs one sentence.
@@ -125,15 +127,6 @@ def _check_limits(req, max_n: int, max_stop: int, vocab_size: int) -> None:
                           "stop_token_ids")
 
 
-def _check_unsupported(req) -> None:
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(req, name)
-        if value not in (None, 0, 0.0):
-            raise invalid(f"{name} is not supported by samebits; send 0 or leave it out (got {value})", name)
-    if req.logit_bias:
-        raise invalid("logit_bias is not supported by samebits; leave it out", "logit_bias")
-
-
 def _check_logprobs(value: int | None, limit: int, param: str) -> None:
     if value is not None and not 0 <= value <= limit:
         raise invalid(f"{param} must be in [0, {limit}], got {value}", param)
@@ -145,8 +138,6 @@ def _check_completion(req: CompletionRequest, max_logprobs: int) -> None:
         raise invalid("echo together with logprobs is not supported (no prompt logprobs)", "echo")
     if req.best_of is not None and req.best_of != (req.n or 1):
         raise invalid(f"best_of must equal n ({req.n or 1}) in samebits, got {req.best_of}", "best_of")
-    if req.suffix:
-        raise invalid("suffix is not supported by samebits; leave it out", "suffix")
 
 
 def _check_chat(req: ChatRequest, max_logprobs: int) -> None:
@@ -162,32 +153,27 @@ def _check_chat(req: ChatRequest, max_logprobs: int) -> None:
 def _check_message(i: int, m: ChatMessage) -> None:
     if m.role not in ROLES:
         raise invalid(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.role!r}", "messages")
-    if isinstance(m.content, list):
-        for part in m.content:
-            if part.type != "text" or part.text is None:
-                raise invalid(f"messages[{i}].content: only text parts are supported, got type {part.type!r}",
-                              "messages")
 
 
-def _check_request(state: ServerState, req) -> None:
+def _check_request(state: ServerState, req, endpoint: str) -> None:
     cfg = state.config
     state.check_model(req.model)
+    check_fields(endpoint, req)
     _check_limits(req, cfg.max_n, cfg.max_stop, state.vocab_size)
-    _check_unsupported(req)
 
 
 # ---- build -----------------------------------------------------------------------------------------------------
 def _sampling_params(req, max_tokens: int, seed: int, logprobs: int | None,
                      fields: dict[str, str]) -> SamplingParams:
     """SamplingParams checks every value; its error names its own field, renamed to the request's by `fields`."""
-    top_k = -1 if req.top_k in (None, 0) else req.top_k  # 0 is OpenAI's and vLLM's "off" too
     try:
         return SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k,
+            top_p=1.0 if req.top_p is None else req.top_p, top_k=-1 if req.top_k is None else req.top_k,
             min_p=0.0 if req.min_p is None else req.min_p, max_tokens=max_tokens, stop=stop_list(req.stop) or None,
             stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, seed=seed, n=req.n or 1,
-            logprobs=logprobs)
+            logprobs=logprobs, include_stop_str_in_output=req.include_stop_str_in_output,
+            skip_special_tokens=req.skip_special_tokens)
     except ValueError as e:
         message, field = str(e), field_of(str(e))
         name = fields.get(field, field)
@@ -235,7 +221,7 @@ def _include_usage(req) -> bool:
 
 
 def completion_job(state: ServerState, req: CompletionRequest) -> Job:
-    _check_request(state, req)
+    _check_request(state, req, "completions")
     _check_completion(req, state.config.max_logprobs)
     prompts = _completion_prompts(state, req.prompt)
     seed = _seed(state, req)
@@ -247,30 +233,19 @@ def completion_job(state: ServerState, req: CompletionRequest) -> Job:
                _include_usage(req))
 
 
-def message_dicts(messages: list[ChatMessage]) -> list[dict]:
-    """Messages as the chat template expects them: text content joined, None content as ''."""
-    return [{"role": m.role, "content": _text(m.content), **({"name": m.name} if m.name else {})} for m in messages]
-
-
-def _text(content: str | list[ContentPart] | None) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(p.text or "" for p in content)
-
-
 def _chat_ids(state: ServerState, req: ChatRequest) -> list[int]:
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
     try:
-        text = state.tokenizer.apply_chat_template(message_dicts(req.messages), add_generation_prompt=True)
-    # The template's own raise_exception (e.g. "roles must alternate") is the client's problem, whatever its type.
-    except Exception as e:  # noqa: BLE001
-        raise invalid(f"messages cannot be rendered by the chat template: {e}", "messages") from None
-    return state.tokenizer.encode(text, add_special_tokens=False)
+        return render_chat(state.tokenizer, messages, req.add_generation_prompt, req.continue_final_message,
+                           req.chat_template_kwargs)
+    except ChatTemplateError as e:
+        raise invalid(str(e), "messages") from None
+    except ValueError as e:
+        raise invalid(str(e), field_of(str(e))) from None
 
 
 def chat_job(state: ServerState, req: ChatRequest) -> Job:
-    _check_request(state, req)
+    _check_request(state, req, "chat")
     _check_chat(req, state.config.max_logprobs)
     ids = _chat_ids(state, req)
     named = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"

@@ -193,16 +193,20 @@ class StreamWriter:
     def _head(self) -> dict:
         return self.job.meta.head("text_completion" if self.job.kind == "text" else "chat.completion.chunk")
 
+    # One choice per chunk, as OpenAI and vLLM stream n > 1: clients that read chunk.choices[0] see every choice.
+    def _chunks(self, choices: list[dict]) -> list[dict]:
+        return [{**self._head(), "choices": [choice]} for choice in choices]
+
     def _opening(self) -> list[dict]:
         job, n = self.job, self.job.params.n
         if job.kind == "chat":
-            return [{**self._head(), "choices": [{"index": j, "delta": {"role": "assistant", "content": ""},
-                                                  "logprobs": None, "finish_reason": None} for j in range(n)]}]
+            return self._chunks([{"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  "finish_reason": None} for j in range(n)])
         if not job.echo:
             return []
-        return [{**self._head(), "choices": [
-            {"index": i * n + j, "text": _prompt_text(self.state, sub), "logprobs": None, "finish_reason": None,
-             "token_ids": []} for i, sub in enumerate(job.subs) for j in range(n)]}]
+        return self._chunks([{"index": i * n + j, "text": _prompt_text(self.state, sub), "logprobs": None,
+                              "finish_reason": None, "token_ids": []} for i, sub in enumerate(job.subs)
+                             for j in range(n)])
 
     def _feed(self, i: int, out) -> list[dict]:
         self.last[i] = out
@@ -214,7 +218,7 @@ class StreamWriter:
             step = cursor.advance(c, self.job.stops)
             if step is not None:
                 choices.append(self._choice(index, c, *step, offset))
-        return [{**self._head(), "choices": choices}] if choices else []
+        return self._chunks(choices)
 
     def _choice(self, index: int, c, ids: list[int], start: int, text: str, offset: int) -> dict:
         finish = c.finish_reason if c.finish_reason is not None and start + len(ids) == len(c.token_ids) else None

@@ -47,6 +47,7 @@ def test_from_dict_rejects_unknown_keys():
 def test_dtype_and_device_normalised():
     assert EngineConfig(dtype="bf16") == EngineConfig(dtype="torch.bfloat16") == EngineConfig(dtype="bfloat16")
     assert EngineConfig(dtype="half").dtype == "float16"
+    assert EngineConfig(dtype="auto") == EngineConfig(dtype=None) and EngineConfig(dtype="auto").dtype is None
 
 
 def test_frozen_and_replace():

@@ -54,3 +54,57 @@ def test_abort_frees_every_block(llm):
 def test_score_rejects_empty_completion(llm):
     with pytest.raises(ValueError, match="completion_token_ids must not be empty"):
         llm.score([1, 2, 3], [])
+
+
+def _generated(outs) -> list[tuple[list[int], list[int], str]]:
+    return [(o.prompt_token_ids, o.outputs[0].token_ids, o.outputs[0].text) for o in outs]
+
+
+def test_vllm_prompt_dicts_equal_plain_prompts(llm):
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=6, ignore_eos=True)
+    ids = llm.get_tokenizer().encode("hello world")
+    plain = _generated(llm.generate(["hello world", ids], params, use_tqdm=False))
+    assert _generated(llm.generate([{"prompt": "hello world"}, {"prompt_token_ids": ids}], params,
+                                   use_tqdm=False)) == plain
+    assert _generated(llm.generate({"prompt": "hello world"}, params, use_tqdm=False)) == plain[:1]
+    assert _generated(llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)) == plain[1:]
+    assert llm.generate({"prompt": "hello world"}, params, use_tqdm=False)[0].prompt == "hello world"
+    with pytest.raises(ValueError, match="prompt: a dict prompt holds exactly one of"):
+        llm.generate({"prompt": "x", "prompt_token_ids": ids}, params, use_tqdm=False)
+
+
+def test_get_tokenizer_is_the_engine_tokenizer(llm):
+    assert llm.get_tokenizer() is llm.engine.tokenizer
+
+
+def test_chat_content_parts_and_template_options(llm):
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    text = [{"role": "user", "content": "hello world"}]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}]
+    assert _generated(llm.chat(parts, params, use_tqdm=False)) == _generated(llm.chat(text, params, use_tqdm=False))
+    tok = llm.get_tokenizer()
+    with_prompt = llm.chat(text, params, use_tqdm=False)[0].prompt_token_ids
+    without = llm.chat(text, params, use_tqdm=False, add_generation_prompt=False)[0].prompt_token_ids
+    for ids, gen in ((with_prompt, True), (without, False)):
+        assert ids == tok.encode(tok.apply_chat_template(text, add_generation_prompt=gen), add_special_tokens=False)
+    assert without != with_prompt
+    opened = text + [{"role": "assistant", "content": "The answer is"}]
+    cont = llm.chat(opened, params, use_tqdm=False, add_generation_prompt=False, continue_final_message=True)
+    assert tok.decode(cont[0].prompt_token_ids, skip_special_tokens=False).endswith("assistant\nThe answer is")
+    with pytest.raises(ValueError, match="continue_final_message cannot be combined with add_generation_prompt"):
+        llm.chat(opened, params, use_tqdm=False, continue_final_message=True)
+    with pytest.raises(ValueError, match=r"messages\[0\].content: only text parts"):
+        llm.chat([{"role": "user", "content": [{"type": "image_url"}]}], params, use_tqdm=False)
+    with pytest.raises(ValueError, match="chat_template_kwargs may not set 'tools'"):
+        llm.chat(text, params, use_tqdm=False, chat_template_kwargs={"tools": [{}]})
+
+
+def test_include_stop_str_and_special_tokens_end_to_end(llm):
+    base = {"temperature": 1.0, "seed": 4, "max_tokens": 40, "ignore_eos": True}
+    full = llm.generate(["hello world"], SamplingParams(**base), use_tqdm=False)[0].outputs[0].text
+    stop = full[10:13]
+    kept = llm.generate(["hello world"], SamplingParams(**base, stop=[stop], include_stop_str_in_output=True),
+                        use_tqdm=False)[0].outputs[0]
+    assert kept.text == full[:full.find(stop) + len(stop)] and kept.stop_reason == stop
+    raw = llm.generate(["hello world"], SamplingParams(**base, skip_special_tokens=False), use_tqdm=False)[0].outputs[0]
+    assert raw.text == llm.tokenizer.decode(raw.token_ids, skip_special_tokens=False)

@@ -11,9 +11,11 @@ EOS = 0
 
 
 class LetterTokenizer:
+    """Token t decodes to one letter; EOS is the one special token ("<eos>" when special tokens are kept)."""
+
     @staticmethod
-    def decode(ids):
-        return "".join(chr(ord("A") + t) for t in ids)
+    def decode(ids, skip_special_tokens=True):
+        return "".join(("" if skip_special_tokens else "<eos>") if t == EOS else chr(ord("A") + t) for t in ids)
 
 
 def feed(tokens, max_model_len=64, **params):
@@ -42,6 +44,21 @@ def test_every_stop_rule(tokens, params, want):
     _, seq, finished = feed(tokens, **params)
     assert [(f.reason, f.stop_reason) for f in finished] == ([want] if want else [])
     assert all(f.seq is seq for f in finished)
+
+
+@pytest.mark.parametrize("tokens, params, text", [
+    ([3, 4, 5], {"stop": ["F"]}, "DE"),
+    ([3, 4, 5], {"stop": ["F"], "include_stop_str_in_output": True}, "DEF"),
+    ([3, 4, 5], {"stop": ["EF"], "include_stop_str_in_output": True}, "DEF"),
+    ([3, 4, EOS], {}, "DE"),
+    ([3, 4, EOS], {"skip_special_tokens": False}, "DE"),  # the ending eos is no text, as in vLLM
+    ([3, 4, EOS], {"skip_special_tokens": False, "include_stop_str_in_output": True}, "DE<eos>"),
+    ([3, EOS, 4], {"skip_special_tokens": False, "ignore_eos": True, "max_tokens": 3}, "D<eos>E"),
+    ([3, EOS, 4], {"ignore_eos": True, "max_tokens": 3}, "DE"),
+])
+def test_text_options(tokens, params, text):
+    proc, seq, finished = feed(tokens, **params)
+    assert finished and proc.samples[seq.seq_id].text == text and seq.output_token_ids == tokens
 
 
 def test_context_limit_is_a_length_stop():

@@ -19,7 +19,6 @@ def test_defaults_match_issue():
         ({"temperature": float("nan")}, "temperature", "finite"),
         ({"top_p": 0.0}, "top_p", "(0, 1]"),
         ({"top_p": 1.5}, "top_p", "(0, 1]"),
-        ({"top_k": 0}, "top_k", ">= 1"),
         ({"top_k": -2}, "top_k", ">= 1"),
         ({"min_p": -0.01}, "min_p", "[0, 1]"),
         ({"min_p": 1.01}, "min_p", "[0, 1]"),
@@ -36,6 +35,9 @@ def test_defaults_match_issue():
         ({"stop": [""]}, "stop", "non-empty"),
         ({"stop_token_ids": [-1]}, "stop_token_ids", ">= 0"),
         ({"ignore_eos": 1}, "ignore_eos", "bool"),
+        ({"skip_special_tokens": None}, "skip_special_tokens", "bool"),
+        ({"include_stop_str_in_output": 0}, "include_stop_str_in_output", "bool"),
+        ({"top_k": False}, "top_k", ">= 1"),
     ],
 )
 def test_validation_names_field_and_limit(kwargs, field, limit):
@@ -50,6 +52,20 @@ def test_edges_accepted_and_helpers():
     assert p.stop_strings == ("x",) and p.stop_token_set == {0, 5}
     assert SamplingParams(stop=["a", "b"]).stop_strings == ("a", "b")
     assert SamplingParams(logprobs=0).logprobs == 0
+
+
+def test_top_k_zero_is_off_as_in_vllm():
+    assert SamplingParams(top_k=0) == SamplingParams(top_k=-1) and SamplingParams(top_k=0).top_k == -1
+
+
+@pytest.mark.parametrize("name, words", [
+    ("temprature", ["'temprature' is unknown", "temperature", "top_k", "skip_special_tokens"]),
+    ("presence_penalty", ["'presence_penalty' is a vLLM field samebits does not implement", "temperature"]),
+])
+def test_unknown_names_are_named_with_the_valid_ones(name, words):
+    with pytest.raises(TypeError) as err:
+        SamplingParams(**{name: 0.5})
+    assert all(w in str(err.value) for w in words), str(err.value)
 
 
 def test_frozen():

@@ -133,12 +133,18 @@ def test_chunked_body_over_limit(server):
         assert http.get("/health").status_code == 200
 
 
-def test_unknown_fields_ignored(server):
+def test_neutral_defaults_accepted_unknown_fields_refused(server):
+    neutral = {"user": "me", "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "tools": [],
+               "tool_choice": "none", "n": 1, "metadata": {"a": "b"}, "response_format": {"type": "text"},
+               "repetition_penalty": 1, "suffix": None}
     with server.client() as http:
-        r = http.post(CMPL, json=c(temperature=0, some_future_field={"a": 1}, user="me", frequency_penalty=0))
+        r = http.post(CMPL, json=c(temperature=0, **neutral))
         assert r.status_code == 200, r.text
         assert http.post(CMPL, json=c(temperature=0)).json()["choices"][0]["token_ids"] == \
             r.json()["choices"][0]["token_ids"]
+        check_error(http.post(CMPL, json=c(some_future_field={"a": 1})), 400, "some_future_field",
+                    ["some_future_field", "/v1/completions", "unknown"])
+        check_error(http.post(CHAT, json=ch(temprature=0)), 400, "temprature", ["/v1/chat/completions"])
 
 
 def test_bad_inputs_interleaved_with_good_ones_under_concurrency(server):

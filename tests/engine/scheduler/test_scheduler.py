@@ -24,7 +24,7 @@ class LetterTokenizer:
     """Token t decodes to one letter, so stop strings are letters."""
 
     @staticmethod
-    def decode(ids):
+    def decode(ids, skip_special_tokens=True):
         return "".join(chr(ord("A") + t) for t in ids)
 
 

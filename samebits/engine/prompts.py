@@ -1,0 +1,79 @@
+"""Prompts as vLLM and OpenAI users write them -> token ids: vLLM's TextPrompt/TokensPrompt dicts, chat messages with
+OpenAI content parts, the chat template's options. `LLM` and the server both come through here, so they render alike.
+Every ValueError begins with the field it blames (the server's 400 names it)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+# The template context's own names: chat_template_kwargs may not replace them (tools stay refused, not smuggled in).
+RESERVED_TEMPLATE_KWARGS = ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents")
+
+
+class ChatTemplateError(ValueError):
+    """The template itself refused the messages (its raise_exception, e.g. "roles must alternate")."""
+
+
+def normalize_prompts(prompts, encode: Callable[[str], list[int]]) -> list[tuple[str | None, list[int]]]:
+    """A prompt or a list of them -> (text or None, token ids) each. A prompt is a str, a list of token ids,
+    {"prompt": str} or {"prompt_token_ids": [...]}."""
+    if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    return [_one(p, encode) for p in prompts]
+
+
+def _one(p, encode) -> tuple[str | None, list[int]]:
+    if isinstance(p, dict):
+        keys = sorted(p)
+        if keys == ["prompt"] and isinstance(p["prompt"], str):
+            p = p["prompt"]
+        elif keys == ["prompt_token_ids"]:
+            p = p["prompt_token_ids"]
+        else:
+            raise ValueError(f"prompt: a dict prompt holds exactly one of 'prompt' (a str) or 'prompt_token_ids', "
+                             f"got keys {keys}")
+    return (p, encode(p)) if isinstance(p, str) else (None, list(p))
+
+
+def message_text(content, i: int) -> str:
+    """Message i's content: a str, None ("") or OpenAI content parts, whose text parts are joined."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        kind, text = part.get("type"), part.get("text")
+        if kind != "text" or not isinstance(text, str):
+            raise ValueError(f"messages[{i}].content: only text parts (with a text) are supported, got type {kind!r}")
+        texts.append(text)
+    return "".join(texts)
+
+
+def chat_messages(messages: list[dict]) -> list[dict]:
+    """Messages as the chat template expects them: content as text."""
+    return [{"role": m["role"], "content": message_text(m.get("content"), i),
+             **({"name": m["name"]} if m.get("name") else {})} for i, m in enumerate(messages)]
+
+
+def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[int]:
+    """The chat prompt's token ids, as vLLM renders it: `continue_final_message` leaves the last message open (the
+    model continues its text), `chat_template_kwargs` reach the template's context."""
+    if add_generation_prompt and continue_final_message:
+        raise ValueError("continue_final_message cannot be combined with add_generation_prompt; set that to false")
+    kwargs = dict(chat_template_kwargs or {})
+    clash = [k for k in kwargs if k in RESERVED_TEMPLATE_KWARGS]
+    if clash:
+        raise ValueError(f"chat_template_kwargs may not set {clash[0]!r} (a request field or refused)")
+    msgs = chat_messages(messages)
+    try:
+        text = tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, **kwargs)
+    # The template's own raise_exception is the caller's problem, whatever its type.
+    except Exception as e:  # noqa: BLE001
+        raise ChatTemplateError(f"messages cannot be rendered by the chat template: {e}") from None
+    if continue_final_message:
+        final = msgs[-1]["content"]
+        at = text.rfind(final) if final else -1
+        if at < 0:
+            raise ValueError("continue_final_message needs a final message whose text the template renders as is")
+        text = text[:at + len(final)]
+    # Token ids, not text: the rendered template already holds its special tokens (no second BOS).
+    return tokenizer.encode(text, add_special_tokens=False)
