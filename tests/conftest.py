@@ -8,7 +8,7 @@ try:
     import torch
 
     _CUDA = torch.cuda.is_available()
-except Exception:  # pragma: no cover - torch is a core dependency
+except ImportError:  # pragma: no cover - torch is a core dependency
     _CUDA = False
 if not _CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")

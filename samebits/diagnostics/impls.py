@@ -105,7 +105,7 @@ def _to_paged(x, block_size: int):
     """[B, H, L, D] -> [B * blocks, block_size, H, D]; sequence b owns blocks b*n .. b*n + n - 1 (copies are exact)."""
     import torch.nn.functional as F
 
-    b, h, n_tok, d = x.shape
+    _b, h, n_tok, d = x.shape
     pad = -n_tok % block_size
     x = F.pad(x.transpose(1, 2), (0, 0, 0, 0, 0, pad))
     return x.reshape(-1, block_size, h, d).contiguous()

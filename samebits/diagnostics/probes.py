@@ -5,8 +5,8 @@ each size, the fraction of output elements whose bits differ and the largest abs
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator
 
 from samebits.diagnostics.compare import Mismatch, mismatch
 from samebits.diagnostics.impls import Impl, NotBuilt, all_impls
@@ -34,7 +34,7 @@ class Sizes:
     prefill_lens: tuple = (16, 256, 1024)
     norm_hidden: int = 1024
     norm_rows: tuple = (1, 2, 3, 4, 8, 16, 32, 33, 64, 128, 256, 512, 1024)
-    model: LlamaShape = LlamaShape()
+    model: LlamaShape = field(default_factory=LlamaShape)
     prompts: int = 4
     prompts_alone: int = 4
     prompt_len: int = 8

@@ -106,11 +106,11 @@ def _cuda_fields(torch) -> dict:
 
 
 def _triton_version() -> str | None:
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
         return version("triton")
-    except Exception:
+    except PackageNotFoundError:
         return None
 
 
@@ -204,5 +204,6 @@ def verify_lock(path: str | os.PathLike = "samebits.lock", mode: str | None = No
     ValueError when the file is not a lock (not JSON, or not a JSON object)."""
     locked = json.loads(Path(path).read_text())
     if not isinstance(locked, dict):
-        raise ValueError(f"expected a JSON object, found {type(locked).__name__}")
+        # A lock file that is not an object is bad input, reported like every config error.
+        raise ValueError(f"expected a JSON object, found {type(locked).__name__}")  # noqa: TRY004
     return diff_fingerprints(locked, fingerprint(mode or locked.get("mode", "deterministic")))

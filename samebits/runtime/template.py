@@ -66,7 +66,7 @@ def env_problems(environ: dict[str, str] | None = None, devices: tuple[str, ...]
 
 
 def _torch_flags(torch) -> dict:
-    import torch.utils.deterministic  # noqa: F401 - makes the attribute below resolvable
+    import torch.utils.deterministic  # makes the attribute below resolvable
 
     b = torch.backends
     return {

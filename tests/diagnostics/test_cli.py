@@ -5,8 +5,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import samebits.diagnostics.probes as probes
 from samebits.cli import app
+from samebits.diagnostics import probes
 from tests.diagnostics.test_probes import TINY
 
 
@@ -70,7 +70,7 @@ def test_unwritable_output_fails_before_probing(tmp_path, flag, monkeypatch):
 
 
 def test_write_failure_after_probing_is_one_line(tmp_path, monkeypatch):
-    import samebits.diagnostics.report as report
+    from samebits.diagnostics import report
 
     def refuse(*_):
         raise PermissionError(13, "Permission denied")

@@ -1,6 +1,8 @@
 """Negative control: a reduction whose chunking follows the batch size must be caught by the very code (probe,
 comparison, verdict) that reports a fixed-order reduction as clean. If this passes, an "invariant" cell means something.
 """
+import itertools
+
 import pytest
 import torch
 
@@ -18,7 +20,7 @@ def chunked_row_sum(v, chunks: int, partial_dtype):
     k = v.shape[-1]
     bounds = [k * i // chunks for i in range(chunks + 1)]
     total = None
-    for lo, hi in zip(bounds, bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         part = v[..., lo]
         for j in range(lo + 1, hi):
             part = part + v[..., j]

@@ -11,7 +11,8 @@ from samebits.engine.llm import LLM
 from samebits.engine.sampling_params import SamplingParams
 from samebits.models.testing import write_tiny_checkpoint
 
-SHAPE = dict(hidden_size=256, intermediate_size=512, vocab_size=1024, num_attention_heads=4, num_key_value_heads=2)
+SHAPE = {"hidden_size": 256, "intermediate_size": 512, "vocab_size": 1024, "num_attention_heads": 4,
+         "num_key_value_heads": 2}
 
 
 def decode_step(llm, prompts):

@@ -11,9 +11,10 @@ from samebits.models.testing import write_tiny_checkpoint
 # Wide enough that vendor matmuls change their blocking with M (the negative control needs that); on the GPU in
 # bf16 with head_dim 128, where cuBLAS and SDPA pick kernels by shape.
 SHAPES = {
-    "cpu": dict(hidden_size=256, intermediate_size=512, vocab_size=1024, num_attention_heads=4, num_key_value_heads=2),
-    "cuda": dict(hidden_size=1024, intermediate_size=2816, vocab_size=8192, num_attention_heads=8,
-                 num_key_value_heads=2, num_hidden_layers=4, torch_dtype="bfloat16"),
+    "cpu": {"hidden_size": 256, "intermediate_size": 512, "vocab_size": 1024, "num_attention_heads": 4,
+            "num_key_value_heads": 2},
+    "cuda": {"hidden_size": 1024, "intermediate_size": 2816, "vocab_size": 8192, "num_attention_heads": 8,
+                 "num_key_value_heads": 2, "num_hidden_layers": 4, "torch_dtype": "bfloat16"},
 }
 
 
@@ -138,7 +139,7 @@ def test_preemption_gives_the_same_outputs(ckpt, device):
 
 def test_seeds(llm):
     p = prompts(1, seed=12)
-    base = dict(temperature=1.0, max_tokens=8, logprobs=0, ignore_eos=True)
+    base = {"temperature": 1.0, "max_tokens": 8, "logprobs": 0, "ignore_eos": True}
     a = run(llm, p, SamplingParams(seed=1, **base))[0]
     assert run(llm, p, SamplingParams(seed=1, **base))[0] == a
     assert run(llm, p, SamplingParams(seed=2, **base))[0] != a

@@ -29,7 +29,7 @@ def assert_one_line_error(res):
 def sh(cmd: str, env: dict | None = None) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in TEMPLATE_ENV}
     return subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, cwd=ROOT, env={**base, **(env or {})},
-                          timeout=60)
+                          timeout=60, check=False)
 
 
 @pytest.fixture

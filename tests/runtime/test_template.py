@@ -48,9 +48,8 @@ def test_restored_on_exit(stock):
 
 
 def test_restored_after_exception(stock):
-    with pytest.raises(KeyError):
-        with deterministic_runtime():
-            raise KeyError("boom")
+    with pytest.raises(KeyError), deterministic_runtime():
+        raise KeyError("boom")
     assert _torch_flags(torch) == stock
     assert all(k not in os.environ for k in set(TEMPLATE_ENV) - KEPT)
 
@@ -123,9 +122,8 @@ def test_preexisting_env_value_is_put_back(stock, monkeypatch):
 
 def test_too_late_raises_with_the_fix(stock, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    with pytest.raises(RuntimeTemplateError) as err:
-        with deterministic_runtime():
-            pytest.fail("entered although cuBLAS had already started without the workspace config")
+    with pytest.raises(RuntimeTemplateError) as err, deterministic_runtime():
+        pytest.fail("entered although cuBLAS had already started without the workspace config")
     msg = str(err.value)
     assert "CUBLAS_WORKSPACE_CONFIG" in msg and "<unset>" in msg
     assert "samebits env --shell" in msg and "before" in msg
@@ -135,9 +133,8 @@ def test_too_late_raises_with_the_fix(stock, monkeypatch):
 def test_too_late_names_a_wrong_value(stock, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
-    with pytest.raises(RuntimeTemplateError, match=":0:0"):
-        with deterministic_runtime():
-            pass
+    with pytest.raises(RuntimeTemplateError, match=":0:0"), deterministic_runtime():
+        pass
 
 
 @pytest.mark.parametrize("value", [":4096:8", ":16:8"])
