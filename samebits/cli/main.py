@@ -264,6 +264,7 @@ SERVE_HELP = {
     "max_stop": "Stop strings (and stop token ids) in one request.",
     "kv_cache_tokens": "KV cache size in tokens (default: what the device memory allows).",
     "seed": "Seed of the server's seed stream for requests that send none.",
+    "async_scheduling": "Launch step N+1 before step N is read back (default: on for CUDA, off on the CPU).",
 }
 # One flag per field: the engine's fields first, then the server's own, each defaulting to the server's default.
 # MODEL may also come first, positionally, as in `vllm serve MODEL`.

@@ -41,6 +41,9 @@ class EngineConfig:
     kv_cache_tokens: int | None = None
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True
+    # Schedule and launch step N+1 before step N's draws are read back (engine/llm_engine.py). None: on where the
+    # device computes asynchronously (CUDA), off on the CPU, where the host computes the step itself.
+    async_scheduling: bool | None = None
     seed: int | None = None
     max_waiting: int | None = None
 
@@ -79,6 +82,8 @@ class EngineConfig:
         for name in ("enable_prefix_caching", "cuda_graphs"):
             value = getattr(self, name)
             _require(isinstance(value, bool), f"{name} must be a bool, got {value!r}")
+        value = self.async_scheduling
+        _require(value is None or isinstance(value, bool), f"async_scheduling must be None or a bool, got {value!r}")
 
     @classmethod
     def from_dict(cls, values: dict) -> EngineConfig:

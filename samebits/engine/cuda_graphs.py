@@ -90,12 +90,14 @@ class DecodeGraphs:
         self.pool = graph.pool()
         self.graphs[bs] = (graph, out)
 
-    def forward(self, scheduled) -> torch.Tensor:
-        """Hidden states [n, H] of a decode-only step."""
+    def forward(self, scheduled, fill_pending=None) -> torch.Tensor:
+        """Hidden states [n, H] of a decode-only step; `fill_pending(ids)` writes the ids still on the device."""
         bs = self.bucket(len(scheduled))
         if bs not in self.graphs:
             self.capture(bs)
         self.fill(scheduled, bs)
+        if fill_pending is not None:
+            fill_pending(self.ids)
         graph, out = self.graphs[bs]
         graph.replay()
         return out[:len(scheduled)]

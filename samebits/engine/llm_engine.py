@@ -2,6 +2,11 @@
 
 One step reads one way: the scheduler picks the chunks, the runner computes and samples them, the output processor
 detokenizes and decides who finishes, and the scheduler applies those decisions (freeing blocks).
+
+With async scheduling the next step is scheduled and launched before this one's draws are read back, so the host's
+work (read-back, detokenizing, stop rules, scheduling, input building) runs while the GPU computes. The next step
+reads the pending tokens on the device (ModelRunner.execute); a sequence the read-back finishes has computed one row
+for nothing, which is dropped. A row's arithmetic never depends on its neighbours, so the bits are the same.
 """
 from __future__ import annotations
 
@@ -31,7 +36,11 @@ class LLMEngine:
         self.max_model_len = self._max_model_len()
         if config.cuda_graphs:
             self.runner.enable_cuda_graphs(self.max_model_len)
-        self.scheduler = Scheduler.from_config(config, self.runner.num_blocks, self.max_model_len)
+        self.overlap = config.async_scheduling if config.async_scheduling is not None \
+            else self.runner.device.type == "cuda"
+        self.scheduler = Scheduler.from_config(config, self.runner.num_blocks, self.max_model_len,
+                                               max_inflight=2 if self.overlap else 1)
+        self._inflight = None  # (SchedulerOutput, SampledStep) launched and not yet read back
         self.processor = OutputProcessor(self.tokenizer, self.tokenizer.eos_token_ids, self.max_model_len,
                                          lambda: self.fingerprint()["hash"])
         self._seeds = random.Random(config.seed) if config.seed is not None else None
@@ -81,17 +90,40 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         self.scheduler.abort(request_id)
         self.processor.forget(request_id)
+        if not self.scheduler.has_unfinished():
+            self.drain()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     # ---- stepping ------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if not self.overlap:
+            self._finish_step(self._launch(None))
+            return self.processor.outputs()
+        previous, self._inflight = self._inflight, None
+        if self.scheduler.has_unfinished():
+            self._inflight = self._launch(previous)
+        if previous is not None:
+            self._finish_step(previous)
+        if self._inflight is not None and not self.scheduler.has_unfinished():
+            self.drain()  # the step launched ahead holds only finished sequences: settle it, leave nothing in flight
+        return self.processor.outputs()
+
+    def _launch(self, previous):
         out = self.scheduler.schedule()
-        sampled = self.runner.execute(out)
+        return out, self.runner.execute(out, previous[1] if previous is not None else None)
+
+    def _finish_step(self, launched) -> None:
+        out, sampled = launched
         finished = self.processor.process(out, sampled.to_host())
         self.scheduler.apply(out, finished)
-        return self.processor.outputs()
+
+    def drain(self) -> None:
+        """Read back and apply the step in flight, if any (before scoring, changing ops or weights)."""
+        launched, self._inflight = self._inflight, None
+        if launched is not None:
+            self._finish_step(launched)
 
     # ---- teacher-forced scoring ---------------------------------------------------------------------------
     def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from dataclasses import dataclass
 
 import torch
 
@@ -11,6 +10,7 @@ from samebits.arith import cdiv
 from samebits.engine.config import EngineConfig
 from samebits.engine.outputs import StepResult
 from samebits.engine.sampler import Sampler, SamplerOutput, SamplingBatch
+from samebits.engine.sequence import PENDING
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.common import to_device
 from samebits.kernels.kv_cache import allocate_kv_cache
@@ -20,25 +20,40 @@ CPU_KV_TOKENS = 16384
 GPU_KV_MEMORY_FRACTION = 0.80
 
 
-@dataclass
 class SampledStep:
-    """One step's draws, still on the device. `to_host` is the step's one device-to-host read, kept apart so that a
-    caller can prepare the next step before paying for it."""
+    """One step's draws. They are copied to the host as soon as the sampler is enqueued, behind an event, so
+    `to_host` waits for this step alone, never for a step launched after it (async scheduling, llm_engine.py)."""
 
-    seqs: list  # the sampled sequences, in row order
-    out: SamplerOutput | None
+    def __init__(self, seqs: list, out: SamplerOutput | None = None):
+        self.seqs = seqs  # the sampled sequences, in row order
+        self.out = out  # stays on the device: the next step reads its pending tokens from it
+        self.row = {s.seq_id: i for i, s in enumerate(seqs)}
+        self._host = None if out is None else [
+            _copy_to_host(t) for t in (out.token_ids, out.logprobs, out.top_logprob_ids, out.top_logprobs)]
+        self._ready = None
+        if out is not None and out.token_ids.is_cuda:
+            self._ready = torch.cuda.Event()
+            self._ready.record()
 
     def to_host(self) -> dict[int, StepResult]:
         """StepResult per sampled sequence, by seq_id; top-logprobs cut to each sequence's own count."""
-        if self.out is None:
+        if self._host is None:
             return {}
-        tokens, lps = self.out.token_ids.tolist(), self.out.logprobs.cpu()
-        ids, vals = self.out.top_logprob_ids.tolist(), self.out.top_logprobs.cpu()
+        if self._ready is not None:
+            self._ready.synchronize()
+        # tolist turns float32 into the Python floats of exactly those values: no bit is lost.
+        tokens, lps, ids, vals = (t.tolist() for t in self._host)
         results = {}
         for i, s in enumerate(self.seqs):
-            top = {ids[i][j]: float(vals[i, j]) for j in range(s.params.logprobs or 0)}
-            results[s.seq_id] = StepResult(tokens[i], float(lps[i]), top)
+            top = {ids[i][j]: vals[i][j] for j in range(s.params.logprobs or 0)}
+            results[s.seq_id] = StepResult(tokens[i], lps[i], top)
         return results
+
+
+def _copy_to_host(t: torch.Tensor) -> torch.Tensor:
+    if not t.is_cuda:
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -125,43 +140,71 @@ class ModelRunner:
         return ids, pos, q_lens, ctx_lens, tables
 
     @torch.inference_mode()
-    def forward(self, scheduled, padding: tuple[int, ...] = ()) -> torch.Tensor:
-        """Hidden states [T, H] of every scheduled token in schedule order, then the padding dummies' rows."""
+    def forward(self, scheduled, padding: tuple[int, ...] = (), fill_pending=None) -> torch.Tensor:
+        """Hidden states [T, H] of every scheduled token in schedule order, then the padding dummies' rows.
+        `fill_pending(input_ids)` writes the ids still on the device (see `execute`)."""
         ids, pos, q_lens, ctx_lens, tables = self._flatten(scheduled, padding)
         meta = AttentionMetadata.build(q_lens, ctx_lens, tables, self.block_size, self.device)
         input_ids = to_device(ids, torch.int64, self.device)
         positions = to_device(pos, torch.int64, self.device)
+        if fill_pending is not None:
+            fill_pending(input_ids)
         return self.model.forward(input_ids, positions, self.kv_caches, meta)
 
     @torch.inference_mode()
-    def execute(self, output) -> SampledStep:
-        """Run one scheduled step and sample the sequences whose chunk reaches their last token."""
+    def execute(self, output, previous: SampledStep | None = None) -> SampledStep:
+        """Run one scheduled step and sample the sequences whose chunk reaches their last token. A chunk whose last
+        token is still pending takes it from `previous`, the step before, on the device: no read-back in between."""
         scheduled = output.scheduled
         if not scheduled:
-            return SampledStep([], None)
-        hidden = self._graph_forward(output) if self.graphs is not None and self.graphs.accepts(output) else None
-        if hidden is None:
-            hidden = self.forward(scheduled, output.padding)
-        # The last row of each chunk that ends its sequence; known on the host, so one small copy, no device scan.
+            return SampledStep([])
+        # The last row of each chunk; known on the host, so one small copy, no device scan.
         ends = list(itertools.accumulate(s.num_new_tokens for s in scheduled))
+        fill = self._pending_filler(scheduled, ends, previous)
+        hidden = None
+        if self.graphs is not None and self.graphs.accepts(output):
+            hidden = self._graph_forward(output, fill)
+        if hidden is None:
+            hidden = self.forward(scheduled, output.padding, fill)
         sampling = [i for i, s in enumerate(scheduled) if s.sample]
         if not sampling:
-            return SampledStep([], None)
+            return SampledStep([])
         rows = to_device([ends[i] - 1 for i in sampling], torch.int64, self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))
-        return self._sample(logits, [scheduled[i].seq for i in sampling])
+        return self._sample(logits, [scheduled[i] for i in sampling])
 
-    def _graph_forward(self, output):
+    def _pending_filler(self, scheduled, ends: list[int], previous: SampledStep | None):
+        """A function writing, into a step's input ids, the pending tokens `previous` drew; None if there are none."""
+        where, rows = [], []
+        for s, end in zip(scheduled, ends):
+            if s.seq.token_ids[s.context_len - 1] == PENDING:
+                if previous is None or s.seq.seq_id not in previous.row:
+                    raise RuntimeError(f"{s.seq!r}: its pending token was not drawn by the previous step")
+                where.append(end - 1)
+                rows.append(previous.row[s.seq.seq_id])
+        if not where:
+            return None
+        index = to_device([where, rows], torch.int64, self.device)
+        drawn = previous.out.token_ids
+
+        def fill(input_ids: torch.Tensor) -> None:
+            input_ids.index_copy_(0, index[0], drawn.index_select(0, index[1]))
+
+        return fill
+
+    def _graph_forward(self, output, fill):
         try:
-            return self.graphs.forward(output.scheduled)
+            return self.graphs.forward(output.scheduled, fill)
         except RuntimeError as e:  # a capture failure costs speed, never bits: eager computes the same rows
             warnings.warn(f"CUDA graph capture failed ({e}); decode continues eagerly", stacklevel=2)
             self.graphs = None
             return None
 
-    def _sample(self, logits: torch.Tensor, seqs) -> SampledStep:
+    def _sample(self, logits: torch.Tensor, items) -> SampledStep:
+        # The position drawn at is the chunk's end, not seq.num_tokens, which counts the pending slots.
+        seqs = [s.seq for s in items]
         batch = SamplingBatch.of([s.params for s in seqs], [s.seed for s in seqs], [s.sample_index for s in seqs],
-                                 [s.num_tokens for s in seqs])
+                                 [s.context_len for s in items])
         return SampledStep(seqs, self.sampler(logits, batch))
 
     @torch.inference_mode()

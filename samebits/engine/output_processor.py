@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from samebits.engine.outputs import CompletionOutput, RequestOutput, StepResult
-from samebits.engine.sequence import Finish, Sequence
+from samebits.engine.sequence import Finish, Sequence, ends_by_length
 
 
 @dataclass
@@ -33,13 +33,13 @@ class _Request:
 
 
 def token_rule(seq: Sequence, eos_token_ids: frozenset[int], max_model_len: int) -> Finish | None:
-    """The stop rules that read the last token alone: eos, a stop token id, then max_tokens or max_model_len."""
+    """The stop rules that read the last resolved token alone: eos, a stop token id, then max_tokens or max_model_len."""
     token, params = seq.last_token_id, seq.params
     if token in eos_token_ids and not params.ignore_eos:
         return Finish(seq, "stop")
     if token in params.stop_token_set:
         return Finish(seq, "stop", token)
-    if seq.num_generated >= params.max_tokens or seq.num_tokens >= max_model_len:
+    if ends_by_length(seq, seq.num_resolved, max_model_len):
         return Finish(seq, "length")
     return None
 
@@ -92,7 +92,7 @@ class OutputProcessor:
         return finished
 
     def _take(self, seq: Sequence, result: StepResult) -> Finish | None:
-        seq.append_token(result.token_id)
+        seq.resolve_token(result.token_id)
         sample = self.samples[seq.seq_id]
         sample.logprobs.append(result.logprob)
         sample.top_logprobs.append(result.top_logprobs)

@@ -10,6 +10,10 @@ from samebits.engine.sampling_params import SamplingParams
 
 _seq_ids = itertools.count()
 
+# The id a token slot holds from the step that samples it until its draw is read back (`Sequence.reserve_token`). Never
+# a vocabulary id, so a step that read it instead of the device's draw would fail loudly in the embedding.
+PENDING = -1
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
@@ -55,6 +59,9 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    # Trailing token slots whose draw is still on the device (0; 1 between a step and its read-back; 2 while a step
+    # is scheduled ahead of the read-back, engine/llm_engine.py). The resolved tokens are those before them.
+    num_pending: int = 0
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)
@@ -68,8 +75,13 @@ class Sequence:
         return len(self.token_ids)
 
     @property
+    def num_resolved(self) -> int:
+        """Tokens whose ids are known on the host."""
+        return len(self.token_ids) - self.num_pending
+
+    @property
     def num_generated(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        return self.num_resolved - self.num_prompt_tokens
 
     @property
     def num_uncomputed(self) -> int:
@@ -81,11 +93,11 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
+        return self.token_ids[self.num_prompt_tokens : self.num_resolved]
 
     @property
     def last_token_id(self) -> int:
-        return self.token_ids[-1]
+        return self.token_ids[self.num_resolved - 1]
 
     @property
     def is_finished(self) -> bool:
@@ -97,12 +109,31 @@ class Sequence:
         # More than one token left means at least part of a (re)computed prompt is still ahead.
         return self.num_uncomputed > 1
 
-    def append_token(self, token_id: int) -> None:
-        self.token_ids.append(token_id)
+    def reserve_token(self) -> None:
+        """The scheduled chunk samples this sequence's next token: hold its slot until the draw is read back."""
+        self.token_ids.append(PENDING)
+        self.num_pending += 1
+
+    def resolve_token(self, token_id: int) -> None:
+        """The oldest pending draw has been read back."""
+        if not self.num_pending:
+            raise RuntimeError(f"{self!r} has no pending token to resolve")
+        self.token_ids[self.num_resolved] = token_id
+        self.num_pending -= 1
+
+    def drop_pending(self) -> None:
+        """Finished: a draw scheduled ahead of the finish is never read back."""
+        del self.token_ids[self.num_resolved:]
+        self.num_pending = 0
 
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, req={self.request_id!r}#{self.sample_index}, {self.status.value}, "
-                f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
+                f"tokens={self.num_tokens}, pending={self.num_pending}, computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
+
+
+def ends_by_length(seq: Sequence, num_tokens: int, max_model_len: int) -> bool:
+    """Whether seq, once it holds num_tokens tokens, has reached max_tokens or max_model_len."""
+    return num_tokens - seq.num_prompt_tokens >= seq.params.max_tokens or num_tokens >= max_model_len
 
 
 def make_sequences(request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int | None,

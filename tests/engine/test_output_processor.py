@@ -27,6 +27,7 @@ def feed(tokens, max_model_len=64, **params):
     for t in tokens:
         assert not finished, "a finished sequence got another token"
         out = SchedulerOutput([ScheduledSeq(seq, 1, True, seq.num_tokens - 1)])
+        seq.reserve_token()  # as Scheduler.schedule does for a chunk that samples
         finished = proc.process(out, {seq.seq_id: StepResult(t, -0.5, {})})
     return proc, seq, finished
 

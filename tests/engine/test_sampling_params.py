@@ -84,7 +84,8 @@ def test_sequences_of_a_request():
     seqs = make_sequences("r", [1, 2, 3], SamplingParams(n=3), seed=9, arrival=10)
     assert [s.sample_index for s in seqs] == [0, 1, 2] and [s.arrival for s in seqs] == [10, 11, 12]
     assert len({s.seq_id for s in seqs}) == 3 and all(s.seed == 9 for s in seqs)
-    seqs[0].append_token(4)
+    seqs[0].reserve_token()
+    seqs[0].resolve_token(4)
     assert seqs[1].token_ids == [1, 2, 3], "siblings must not share the token list"
     s = seqs[0]
     assert (s.num_tokens, s.num_prompt_tokens, s.num_generated, s.num_uncomputed) == (4, 3, 1, 4)

@@ -2,7 +2,9 @@
 
 Torch-free. One step = `schedule()` -> the runner computes and samples -> the output processor decides which sequences
 finish -> `apply(output, finished)`. The scheduler never decides a finish itself (aborts aside, which are commands);
-it applies the output processor's decisions once, freeing blocks.
+it applies the output processor's decisions once, freeing blocks. A scheduled chunk counts as computed at once and
+its draw holds a pending token slot (sequence.py), so with `max_inflight=2` the next step can be scheduled before this
+one's draws are read back (async scheduling, engine/llm_engine.py); outputs are applied in the order scheduled.
 Every decision here changes only *which* tokens run together, never what a token computes: in deterministic mode the
 kernels make each row's bits independent of its neighbours, and the sampler keys on (seed, sample index, position).
 Which chunks run together is the policy's choice (policies.py: "dynamic"; bucketed.py: "bucketed").
@@ -20,7 +22,7 @@ from samebits.engine.scheduler.batch import ScheduledSeq, SchedulerOutput
 from samebits.engine.scheduler.block_manager import BlockManager, require
 from samebits.engine.scheduler.bucketed import BucketedPolicy
 from samebits.engine.scheduler.policies import DynamicPolicy
-from samebits.engine.sequence import FINISH_STATUS, Finish, Sequence, SequenceStatus, make_sequences
+from samebits.engine.sequence import FINISH_STATUS, Finish, Sequence, SequenceStatus, ends_by_length, make_sequences
 
 _POLICY_TYPES = {p.name: p for p in (DynamicPolicy, BucketedPolicy)}
 
@@ -42,12 +44,13 @@ def make_policy(name: str, max_num_seqs: int, max_num_batched_tokens: int, **opt
 class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_model_len: int, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, policy: str = "dynamic", max_waiting: int | None = None,
-                 **policy_options):
+                 max_inflight: int = 1, **policy_options):
         self.bm = block_manager
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_waiting = max_waiting
+        self.max_inflight = max_inflight
         self.policy = make_policy(policy, max_num_seqs, max_num_batched_tokens, **policy_options)
         self._validate()
         self.waiting: list[Sequence] = []  # sorted by arrival, preempted ones included
@@ -55,17 +58,19 @@ class Scheduler:
         self.requests: dict[str, list[Sequence]] = {}
         self._unadmitted: set[str] = set()  # requests none of whose samples has run yet (max_waiting counts these)
         self._arrivals = 0
-        self._pending: SchedulerOutput | None = None
+        self._pending: list[SchedulerOutput] = []  # scheduled, not yet applied; oldest first
         self.num_preemptions = 0
 
     @classmethod
-    def from_config(cls, config, num_blocks: int, max_model_len: int) -> Scheduler:
+    def from_config(cls, config, num_blocks: int, max_model_len: int, max_inflight: int = 1) -> Scheduler:
         bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         return cls(bm, max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
                    max_num_batched_tokens=config.max_num_batched_tokens, policy=config.policy,
-                   max_waiting=config.max_waiting)
+                   max_waiting=config.max_waiting, max_inflight=max_inflight)
 
     def _validate(self) -> None:
+        if self.max_inflight not in (1, 2):
+            raise ValueError(f"max_inflight must be 1 or 2, got {self.max_inflight!r}")
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.bm.capacity_tokens < self.max_model_len:
@@ -111,6 +116,7 @@ class Scheduler:
         queue = self.running if seq.status is SequenceStatus.RUNNING else self.waiting
         queue.remove(seq)
         self.bm.free(seq)
+        seq.drop_pending()
         seq.status = FINISH_STATUS[finish.reason]
         seq.finish_reason, seq.stop_reason = finish.reason, finish.stop_reason
         self._forget_if_done(seq.request_id)
@@ -125,18 +131,21 @@ class Scheduler:
 
     # ---- scheduling ----------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        if self._pending is not None:
-            raise RuntimeError("schedule() called twice without apply()")
+        if len(self._pending) >= self.max_inflight:
+            raise RuntimeError(f"schedule() called with {len(self._pending)} step(s) not yet applied "
+                               f"(max_inflight={self.max_inflight})")
         preempted: list[Sequence] = []
         plan = self.policy.plan(self, preempted)
         out = SchedulerOutput(plan.scheduled, preempted, plan.kind, plan.padding, len(self.running), len(self.waiting))
-        self._pending = out
+        self._pending.append(out)
         return out
 
     def grow(self, seq: Sequence, n: int, preempted: list[Sequence]) -> ScheduledSeq | None:
         """Schedule the next n tokens of running seq, preempting later arrivals for room; None if seq had to go."""
         if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this step
             return None
+        if seq.num_pending and ends_by_length(seq, seq.num_tokens, self.max_model_len):
+            return None  # its pending draw is its last: the length rule will finish it when read back
         if not self._make_room(seq, n, preempted):
             return None
         self.bm.append_slots(seq, n)
@@ -168,6 +177,8 @@ class Scheduler:
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return None
         seq = self.waiting[0]
+        if seq.num_pending:  # preempted before its draw was read back: its prefix hashes need that token
+            return None
         n = min(seq.num_tokens - self.bm.num_cached_prefix_tokens(seq), budget, max_chunk or budget)
         if not self.bm.can_allocate(seq, n):
             return None
@@ -181,18 +192,21 @@ class Scheduler:
     @staticmethod
     def _item(seq: Sequence, n: int) -> ScheduledSeq:
         start = seq.num_computed_tokens
-        return ScheduledSeq(seq, n, start + n == seq.num_tokens, start)
+        item = ScheduledSeq(seq, n, start + n == seq.num_tokens, start)
+        seq.num_computed_tokens += n
+        if item.sample:
+            seq.reserve_token()
+        return item
 
     # ---- results -------------------------------------------------------------------------------------------
     def apply(self, output: SchedulerOutput, finished: Iterable[Finish] = ()) -> None:
-        """Apply one step: every scheduled chunk is now computed (its full blocks join the prefix cache), then the
-        output processor's `finished` decisions end those sequences and free their blocks."""
-        if output is not self._pending:
-            raise RuntimeError("apply() must receive the output of the last schedule()")
-        self._pending = None
+        """Apply the oldest scheduled step: its chunks' full blocks join the prefix cache, then the output processor's
+        `finished` decisions end those sequences and free their blocks."""
+        if not self._pending or output is not self._pending[0]:
+            raise RuntimeError("apply() must receive the oldest output of schedule() not yet applied")
+        self._pending.pop(0)
         for item in output.scheduled:
             if not item.seq.is_finished:  # aborted mid-step: nothing to keep
-                item.seq.num_computed_tokens += item.num_new_tokens
                 self.bm.cache_computed_blocks(item.seq)
         for finish in finished:
             self._finish(finish)
@@ -240,16 +254,15 @@ class Scheduler:
     def _check_waiting(self, seq: Sequence) -> None:
         require(seq.status is SequenceStatus.WAITING, f"{seq!r} in waiting")
         require(not seq.block_table and seq.num_computed_tokens == 0, f"{seq!r} waits holding KV")
-        require(seq.num_tokens < self.max_model_len, f"{seq!r} exceeds max_model_len")
+        require(seq.num_resolved < self.max_model_len, f"{seq!r} exceeds max_model_len")
+        require(seq.num_pending <= len(self._pending), f"{seq!r}: more pending draws than steps in flight")
 
     def _check_running(self, seq: Sequence) -> None:
         bs, table = self.bm.block_size, len(seq.block_table)
         require(seq.status is SequenceStatus.RUNNING, f"{seq!r} in running")
         require(0 <= seq.num_computed_tokens < seq.num_tokens, f"{seq!r}: the last token must be uncomputed")
-        require(seq.num_tokens < self.max_model_len, f"{seq!r} exceeds max_model_len")
+        require(seq.num_resolved < self.max_model_len, f"{seq!r} exceeds max_model_len")
         require(seq.num_generated < seq.params.max_tokens, f"{seq!r} should have finished")
-        if self._pending is None:
-            require(table == cdiv(seq.num_computed_tokens, bs), f"{seq!r}: blocks do not match computed tokens")
-        else:
-            require(cdiv(seq.num_computed_tokens, bs) <= table <= cdiv(seq.num_tokens, bs), f"{seq!r}: blocks")
+        require(seq.num_pending <= len(self._pending), f"{seq!r}: more pending draws than steps in flight")
+        require(table == cdiv(seq.num_computed_tokens, bs), f"{seq!r}: blocks do not match computed tokens")
 

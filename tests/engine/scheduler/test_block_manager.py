@@ -209,7 +209,8 @@ def test_random_soak_keeps_integrity():
                 s.num_computed_tokens += n
                 bm.cache_computed_blocks(s)
                 if s.num_computed_tokens == s.num_tokens:
-                    s.append_token(rng.randrange(3))
+                    s.reserve_token()
+                    s.resolve_token(rng.randrange(3))
         elif live:
             bm.free(live.pop(rng.randrange(len(live))))
         bm.check_integrity()

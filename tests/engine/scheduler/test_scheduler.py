@@ -14,7 +14,7 @@ from samebits.engine.sampling_params import SamplingParams
 from samebits.engine.scheduler import BlockManager, QueueFull, Scheduler, SchedulerOutput
 from samebits.engine.scheduler.bucketed import BucketedPolicy
 from samebits.engine.scheduler.policies import DynamicPolicy
-from samebits.engine.sequence import Finish, SequenceStatus
+from samebits.engine.sequence import PENDING, Finish, SequenceStatus
 
 EOS = 0
 VOCAB = 40
@@ -29,6 +29,7 @@ class LetterTokenizer:
 
 
 def make(num_blocks=64, block_size=4, max_model_len=64, caching=True, **kw):
+    """kw: Scheduler options; max_inflight=2 schedules one step ahead (drive() then overlaps like the engine)."""
     bm = BlockManager(num_blocks, block_size, caching)
     sched = Scheduler(bm, max_model_len=max_model_len, **kw)
     sched.test_processor = OutputProcessor(LetterTokenizer(), {EOS}, max_model_len)
@@ -49,7 +50,8 @@ def draw(seq, context):
 
 
 class FakeRunner:
-    """Writes (token, position) into KV slots and checks every chunk reads exactly its own history."""
+    """Writes (token, position) into KV slots and checks every chunk reads exactly its own history. A chunk's last
+    token may still be pending: like ModelRunner.execute, it takes it from the previous step's draws."""
 
     def __init__(self, sched):
         self.sched, self.bm, self.kv = sched, sched.bm, {}
@@ -57,34 +59,52 @@ class FakeRunner:
     def slot(self, seq, pos):
         return kv_slot(seq.block_table, pos, self.bm.block_size)
 
-    def run(self, out):
+    def run(self, out, previous=None):
         sampled = {}
         for item in out.scheduled:
             seq = item.seq
-            assert item.start == seq.num_computed_tokens and item.num_new_tokens >= 1
-            for i, tok in enumerate(item.token_ids):
+            assert seq.num_computed_tokens == item.context_len and item.num_new_tokens >= 1, "counted when scheduled"
+            history = self.history(item, previous or {})
+            for i, tok in enumerate(history[item.start:]):
                 block = self.bm.blocks[seq.block_table[(item.start + i) // self.bm.block_size]]
                 assert block.ref_count == 1 and block.hash is None, "writing into a shared or cached block"
                 self.kv[self.slot(seq, item.start + i)] = (tok, item.start + i)
             context = [self.kv[self.slot(seq, p)] for p in range(item.context_len)]
-            assert context == list(zip(seq.token_ids[: item.context_len], range(item.context_len)))
+            assert context == list(zip(history, range(item.context_len)))
             if item.sample:
                 sampled[seq.seq_id] = StepResult(draw(seq, tuple(context)), 0.0, {})
         return sampled
 
+    @staticmethod
+    def history(item, previous):
+        tokens = item.seq.token_ids[:item.context_len]
+        assert PENDING not in tokens[:-1], "only a chunk's last token can be pending"
+        if tokens[-1] == PENDING:
+            tokens[-1] = previous[item.seq.seq_id].token_id
+        return tokens
+
 
 def drive(sched, max_steps=5000, on_step=None, runner=None):
+    """The engine's step loop; with sched.max_inflight == 2, step N+1 is scheduled and run before N is applied."""
     # One runner per scheduler: its fake KV must outlive a drive() so later prefix hits read real entries.
     runner = runner or sched.__dict__.setdefault("_fake_runner", FakeRunner(sched))
+    inflight = None
     for step in range(max_steps):
-        if not sched.has_unfinished():
+        if not sched.has_unfinished() and inflight is None:
             return step
-        out = sched.schedule()
-        sched.check_integrity()
-        check_shape(sched, out)
-        if on_step:
-            on_step(step, out)
-        finish_step(sched, out, runner.run(out))
+        launched = None
+        if sched.has_unfinished():
+            out = sched.schedule()
+            sched.check_integrity()
+            check_shape(sched, out)
+            if on_step:
+                on_step(step, out)
+            launched = (out, runner.run(out, inflight[1] if inflight else None))
+            if sched.max_inflight == 1:
+                inflight, launched = launched, None
+        if inflight is not None:
+            finish_step(sched, *inflight)
+        inflight = launched
         sched.check_integrity()
     raise AssertionError("did not finish")
 
@@ -94,7 +114,8 @@ def check_shape(sched, out):
     assert len(out.scheduled) <= sched.max_num_seqs and all(k >= 1 for k in out.padding)
     assert len({id(s.seq) for s in out.scheduled}) == len(out.scheduled)
     for item in out.scheduled:
-        assert item.sample == (item.context_len == item.seq.num_tokens)
+        # A chunk that samples holds the slot of its draw; the scheduler reserved it as the sequence's last.
+        assert item.sample == (item.context_len + 1 == item.seq.num_tokens and item.seq.token_ids[-1] == PENDING)
 
 
 def add(sched, rid, prompt, **params):
@@ -276,6 +297,9 @@ def test_outputs_are_a_function_of_the_request_alone():
         {"num_blocks": 400, "max_num_seqs": 1},
         {"num_blocks": 400, "caching": False},
         {"num_blocks": 30, "policy": "bucketed", "max_num_seqs": 16, "max_num_batched_tokens": 64},
+        {"num_blocks": 400, "max_inflight": 2},
+        {"num_blocks": 24, "max_num_batched_tokens": 64, "max_inflight": 2},
+        {"num_blocks": 30, "policy": "bucketed", "max_num_seqs": 16, "max_num_batched_tokens": 64, "max_inflight": 2},
     ]
     outcomes, preemptions = [], []
     for cfg in configs:
@@ -285,7 +309,7 @@ def test_outputs_are_a_function_of_the_request_alone():
         outcomes.append(results(seqs))
         preemptions.append(sched.num_preemptions)
     assert all(o == outcomes[0] for o in outcomes[1:])
-    assert preemptions[0] == 0 and preemptions[2] > 0 and preemptions[5] > 0, preemptions
+    assert preemptions[0] == 0 and all(preemptions[i] > 0 for i in (2, 5, 7, 8)), preemptions
 
 
 def test_bucketed_shapes():
@@ -329,16 +353,42 @@ def test_step_protocol_errors():
     sched = make()
     (s,) = add(sched, "a", [1, 2], max_tokens=2)
     out = sched.schedule()
-    with pytest.raises(RuntimeError, match="twice"):
+    with pytest.raises(RuntimeError, match=r"1 step\(s\) not yet applied \(max_inflight=1\)"):
         sched.schedule()
     with pytest.raises(ValueError, match="no sampled token"):
         sched.test_processor.process(out, {})
-    with pytest.raises(RuntimeError, match="last schedule"):
+    with pytest.raises(RuntimeError, match="oldest output"):
         sched.apply(SchedulerOutput())
     sched.apply(out)
-    with pytest.raises(RuntimeError, match="last schedule"):
+    with pytest.raises(RuntimeError, match="oldest output"):
         sched.apply(out)
     assert s.num_computed_tokens == 2
+
+
+def test_one_step_ahead_applies_in_order():
+    sched = make(max_inflight=2)
+    (s,) = add(sched, "a", [1, 2], max_tokens=5, ignore_eos=True)
+    first, second = sched.schedule(), sched.schedule()
+    assert (s.num_pending, s.num_computed_tokens, s.token_ids) == (2, 3, [1, 2, PENDING, PENDING])
+    assert second.scheduled[0].start == 2, "the ahead step computes the pending token's position"
+    with pytest.raises(RuntimeError, match="2 step"):
+        sched.schedule()
+    with pytest.raises(RuntimeError, match="oldest output"):
+        sched.apply(second)
+    finish_step(sched, first, {s.seq_id: StepResult(7, 0.0, {})})
+    assert (s.num_pending, s.output_token_ids) == (1, [7])
+    sched.check_integrity()
+    with pytest.raises(ValueError, match="max_inflight must be 1 or 2"):
+        make(max_inflight=3)
+
+
+def test_a_pending_last_draw_is_not_scheduled_again():
+    sched = make(max_inflight=2)
+    (s,) = add(sched, "a", [1, 2], max_tokens=1, ignore_eos=True)
+    first = sched.schedule()
+    assert sched.schedule().scheduled == [], "its one allowed token is pending: nothing left to compute"
+    finish_step(sched, first, {s.seq_id: StepResult(7, 0.0, {})})
+    assert s.finish_reason == "length" and s.output_token_ids == [7] and s.num_pending == 0
 
 
 def test_from_config():
@@ -384,6 +434,38 @@ def test_random_soak_with_aborts_and_finishes(policy, seed):
     assert sched.stats()["prefix_hits"] > 0
 
 
+def test_random_soak_one_step_ahead(seed):
+    """Aborts and stops land while a step is scheduled ahead; every step keeps the scheduler's invariants."""
+    rng = random.Random(f"ahead-{seed}")
+    sched = make(num_blocks=20, block_size=4, max_model_len=60, max_num_seqs=8, max_num_batched_tokens=24,
+                 max_inflight=2)
+    runner = sched.__dict__.setdefault("_fake_runner", FakeRunner(sched))
+    shared = [rng.randrange(1, VOCAB) for _ in range(20)]
+    inflight = None
+    for i in range(600):
+        if rng.random() < 0.3 and sched.can_add_request():
+            prompt = shared[: rng.randrange(0, 20)] + [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 25))]
+            add(sched, f"q{i}", prompt, max_tokens=rng.randrange(1, 30), n=rng.choice([1, 1, 2]))
+        launched = None
+        if sched.has_unfinished():
+            out = sched.schedule()
+            sched.check_integrity()
+            check_shape(sched, out)
+            launched = (out, run_live(runner, out, inflight[1] if inflight else None))
+        if rng.random() < 0.05 and sched.requests:
+            sched.abort(rng.choice(sorted(sched.requests)))
+        if inflight is not None:
+            extra = [Finish(rng.choice(sched.running), "stop", "</s>")] if rng.random() < 0.05 and sched.running else []
+            finish_step(sched, *inflight, extra)
+        inflight = launched
+        sched.check_integrity()
+    if inflight is not None:
+        finish_step(sched, *inflight)
+    drive(sched)
+    assert sched.bm.num_free_blocks == sched.bm.num_blocks and sched.num_preemptions > 0
+    assert all(s.num_pending == 0 for seqs in sched.requests.values() for s in seqs)
+
+
 def check_decodes_first(out, was_running):
     # FCFS admission + latest-arrival victims imply every running prefill is younger than every running decode,
     # so arrival order already schedules decodes first; this checks that claim.
@@ -391,11 +473,11 @@ def check_decodes_first(out, was_running):
     assert kinds == sorted(kinds, reverse=True), kinds
 
 
-def run_live(runner, out):
+def run_live(runner, out, previous=None):
     # An abort between schedule() and apply() leaves a freed sequence in the output; the runner already ran it.
     out.scheduled, everything = [x for x in out.scheduled if not x.seq.is_finished], out.scheduled
     try:
-        return runner.run(out)
+        return runner.run(out, previous)
     finally:
         out.scheduled = everything
 
