@@ -61,7 +61,7 @@ def make_engine(loaded, mode: str, policy: str, **kw) -> LLMEngine:
     loaded.model.set_ops(get_ops(mode, DEVICE))
     cfg = EngineConfig(model="random", mode=mode, policy=policy, device=DEVICE, dtype=str(loaded.model.dtype),
                        max_num_batched_tokens=kw.get("budget", 8192), max_num_seqs=256, cuda_graphs=kw.get("graphs", GRAPHS),
-                       kv_cache_tokens=kw.get("kv_tokens"))
+                       kv_cache_tokens=kw.get("kv_tokens"), async_scheduling=kw.get("async_scheduling"))
     return LLMEngine(cfg, loaded)
 
 
@@ -183,9 +183,12 @@ def main() -> None:
     bound = workload_bound(config, prompts, max_tokens, dtype)
     report["roofline"] = {"prefill_s": bound.prefill_s, "decode_s": bound.decode_s, "total_s": bound.total_s,
                           "decode_steps": bound.decode_steps}
-    for mode, policy in [("fast", "dynamic"), ("deterministic", "dynamic"), ("fast", "bucketed")]:
+    # "+sync": the same engine with async scheduling off, side by side in this run (what overlapping the host buys).
+    for mode, policy in [("fast", "dynamic"), ("deterministic", "dynamic"), ("deterministic", "dynamic+sync"),
+                         ("fast", "bucketed")]:
         with deterministic_runtime() if mode == "deterministic" else contextlib.nullcontext():
-            engine = make_engine(loaded, mode, policy, kv_tokens=None if DEVICE == "cuda" else 65536)
+            engine = make_engine(loaded, mode, policy.removesuffix("+sync"), kv_tokens=None if DEVICE == "cuda" else 65536,
+                                 async_scheduling=False if policy.endswith("+sync") else None)
             run_load(engine, prompts[:4], [4] * 4)  # warm-up: compile kernels
             outs, stats = run_load(engine, prompts, max_tokens)
             stats["alone_vs_loaded_mismatches"] = invariance(engine, prompts, outs, picks, 16)

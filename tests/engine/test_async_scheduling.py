@@ -81,7 +81,6 @@ def test_negative_control_a_stale_input_token_is_caught(loaded, seed, monkeypatc
         for s in scheduled:
             if s.seq.token_ids[s.context_len - 1] < 0:
                 s.seq.token_ids[s.context_len - 1] = s.seq.token_ids[s.context_len - 2]
-        return None
 
     monkeypatch.setattr(ModelRunner, "_pending_filler", stale)
     broken, _ = run_tolerant(engine(loaded, True, kv_cache_tokens=4096), reqs)

@@ -137,6 +137,20 @@ def test_preemption_gives_the_same_outputs(ckpt, device):
     assert tight.engine.scheduler.num_preemptions > 0
 
 
+def test_async_scheduling_on_and_off_give_the_same_bits(ckpt, device):
+    """CUDA graphs, preemption and stop rules with step N+1 launched before step N's read-back; the CPU side (and its
+    negative control, a stale input token) is tests/engine/test_async_scheduling.py."""
+    if device == "cpu":
+        pytest.skip("covered on the CPU by tests/engine/test_async_scheduling.py with a smaller model")
+    kw = {"kv_cache_tokens": 512, "max_model_len": 256, "max_num_batched_tokens": 128}
+    ahead, sync = make(ckpt, device, **kw), make(ckpt, device, async_scheduling=False, **kw)
+    assert ahead.engine.overlap and not sync.engine.overlap
+    ps = prompts(24, seed=12, lo=10, hi=70)
+    params = SamplingParams(temperature=0.8, seed=5, max_tokens=32, logprobs=0, stop_token_ids=[7, 11, 13])
+    assert run(ahead, ps, params) == run(sync, ps, params)
+    assert ahead.engine.scheduler.num_preemptions > 0 and ahead.engine.runner.graphs.graphs
+
+
 def test_seeds(llm):
     p = prompts(1, seed=12)
     base = {"temperature": 1.0, "max_tokens": 8, "logprobs": 0, "ignore_eos": True}
