@@ -164,7 +164,7 @@ class LlamaModel(nn.Module):
         missing = sorted(expected - seen)
         if missing or unexpected:
             raise ValueError(f"checkpoint does not match the {self.config.architecture} config: "
-                             f"missing {_short(missing)}, unexpected {_short(sorted(unexpected))}")
+                             f"missing {short_names(missing)}, unexpected {short_names(sorted(unexpected))}")
 
     def ignorable(self, name: str) -> bool:
         # Tied checkpoints sometimes still store lm_head; the model uses the embedding either way.
@@ -195,7 +195,7 @@ class LlamaModel(nn.Module):
                 "gate": slice(0, inter), "up": slice(inter, 2 * inter)}[part]
 
 
-def _short(names: list[str], limit: int = 6) -> str:
+def short_names(names: list[str], limit: int = 6) -> str:
     if not names:
         return "none"
     more = f" (+{len(names) - limit} more)" if len(names) > limit else ""
