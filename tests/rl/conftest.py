@@ -6,6 +6,7 @@ import pytest
 from samebits.engine.llm import LLM
 from samebits.engine.sampling_params import SamplingParams
 from samebits.models.testing import write_tiny_checkpoint
+from samebits.rl.policy import Policy
 from samebits.rl.rollout import completions_of
 
 # tests/engine/test_invariance.py's CPU shape: wide enough that the vendor matmuls change their blocking with M.
@@ -41,3 +42,15 @@ def rollouts(llm):
         tokens, logprobs = completions_of(llm.generate(prompts, params, use_tqdm=False))
         out[name] = (prompts, tokens, logprobs, params)
     return out
+
+
+@pytest.fixture(scope="session")
+def policy(ckpt):
+    """The trainer on the engine's checkpoint (tests compute with it and may leave gradients, never change weights)."""
+    return Policy.from_pretrained(ckpt, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def fast_policy(ckpt):
+    """The same weights on the stock torch kernels: the negative control."""
+    return Policy.from_pretrained(ckpt, device="cpu", mode="fast")

@@ -34,11 +34,6 @@ def shuffled_microbatches(policy, prompts, completions, seed: int, params=None) 
     return out
 
 
-@pytest.fixture(scope="module")
-def policy(ckpt):
-    return Policy.from_pretrained(ckpt, device="cpu")
-
-
 @pytest.mark.parametrize("kind", ["greedy", "sampled"])
 def test_raw_logprobs_equal_generate_and_score_bitwise(policy, llm, rollouts, kind, seed):
     prompts, completions, reported, _ = rollouts[kind]
@@ -74,11 +69,10 @@ def test_per_sequence_sampling_params(policy, llm, rollouts):
     assert [bits(a) for a in got] == [bits(b) for b in engine]
 
 
-def test_negative_control_stock_kernel_trainer_differs(ckpt, rollouts):
+def test_negative_control_stock_kernel_trainer_differs(fast_policy, rollouts):
     """The same weights and the same autograd ops on the stock torch kernels: other bits."""
-    fast = Policy.from_pretrained(ckpt, device="cpu", mode="fast")
     prompts, completions, reported, _ = rollouts["sampled"]
-    got = fast.logprobs(prompts, completions)
+    got = fast_policy.logprobs(prompts, completions)
     assert sum(a != b for lp, rep in zip(got, reported) for a, b in zip(bits(lp), bits(rep))) > 0
 
 
