@@ -13,8 +13,8 @@ NAME_PREFIX = "samebits:rl_"
 POLICY_LABEL = "policy"
 # (ParityStats field, metric suffix, help)
 GAUGES = (
-    ("bitwise_equal", "logprob_bitwise_equal_fraction", "Fraction of rollout tokens whose trainer logprob bits equal "
-                                                        "the rollout's."),
+    ("bitwise_equal", "logprob_bitwise_equal_fraction",
+     "Fraction of rollout tokens whose trainer logprob bits equal the rollout's."),
     ("max_abs_diff", "logprob_max_abs_diff", "Largest |trainer - rollout| logprob of the last batch."),
     ("kl_k1", "kl_k1", "Mean k1 estimate of KL(rollout || trainer) over the last batch."),
     ("kl_k2", "kl_k2", "Mean k2 estimate of KL(rollout || trainer) over the last batch."),

@@ -8,6 +8,8 @@ sequences (no cached prefix).
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -42,7 +44,7 @@ def causal_attention(q, k, v, meta, scale: float):
         raise ValueError("the trainer's attention needs whole sequences: every query_len must equal its context_len")
     g = q.shape[1] // k.shape[1]
     outs = []
-    for q0, q1 in zip(cu, cu[1:]):
+    for q0, q1 in itertools.pairwise(cu):
         qs = q[q0:q1].float()
         ks = k[q0:q1].float().repeat_interleave(g, dim=1)
         vs = v[q0:q1].float().repeat_interleave(g, dim=1)

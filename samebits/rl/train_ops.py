@@ -12,8 +12,8 @@ cache and keeps the differentiable k and v for the `attention` call on the same 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
