@@ -3,6 +3,7 @@ trainer's (raw and sampling distribution, shuffled micro-batches), and the train
 against transformers' LlamaForCausalLM doing the same step.
 
     python benchmarks/rl.py --out OUT [--requests 256]
+    python benchmarks/rl.py --out OUT --device cpu --shape tiny --requests 8 --skip-hf   (a smoke run)
 """
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ from samebits.runtime import deterministic_runtime
 SHAPE_1B = {"architecture": "llama", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
             "num_layers": 16, "num_heads": 32, "num_kv_heads": 8, "head_dim": 64, "max_position_embeddings": 8192,
             "rope_theta": 500000.0}
+SHAPES = {"1b": SHAPE_1B, "tiny": {**SHAPE_1B, "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512,
+                                   "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}}
+DEVICE = "cuda"
 PARAMS = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=128, logprobs=0, ignore_eos=True)
 
 
@@ -67,13 +71,23 @@ def compare(policy, prompts, completions, reference, micro: int, seed: int, para
     return bad
 
 
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def empty_cache() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+
+
 def time_step(fn, repeats: int = 3) -> float:
     fn()
-    torch.cuda.synchronize()
+    sync()
     t = time.perf_counter()
     for _ in range(repeats):
         fn()
-    torch.cuda.synchronize()
+    sync()
     return (time.perf_counter() - t) / repeats
 
 
@@ -89,7 +103,7 @@ def hf_step(hf, prompts, completions):
     """Right-padded batch, attention mask, the completion tokens' logprobs, backward: the HF/TRL way."""
     seqs = [p + c[:-1] for p, c in zip(prompts, completions)]
     width = max(len(s) for s in seqs)
-    ids = torch.zeros(len(seqs), width, dtype=torch.long, device="cuda")
+    ids = torch.zeros(len(seqs), width, dtype=torch.long, device=DEVICE)
     mask = torch.zeros_like(ids)
     for i, s in enumerate(seqs):
         ids[i, :len(s)] = torch.tensor(s)
@@ -102,7 +116,7 @@ def hf_step(hf, prompts, completions):
         loss = 0
         for i, (p, c) in enumerate(zip(prompts, completions)):
             rows = lp[i, len(p) - 1:len(p) - 1 + len(c)]
-            loss = loss - rows.gather(1, torch.tensor(c, device="cuda")[:, None]).sum()
+            loss = loss - rows.gather(1, torch.tensor(c, device=DEVICE)[:, None]).sum()
         loss.backward()
     return run
 
@@ -115,7 +129,7 @@ def hf_model(shape, policy):
                       num_attention_heads=shape["num_heads"], num_key_value_heads=shape["num_kv_heads"],
                       max_position_embeddings=shape["max_position_embeddings"], rope_theta=shape["rope_theta"],
                       tie_word_embeddings=False)
-    with torch.device("cuda"):
+    with torch.device(DEVICE):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -128,18 +142,25 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--micro", type=int, default=16, help="sequences per timed trainer step")
+    ap.add_argument("--shape", default="1b", choices=sorted(SHAPES))
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--skip-hf", action="store_true")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"shape": "1b", "requests": args.requests}
+    report = {"shape": args.shape, "requests": args.requests}
+    shape = SHAPES[args.shape]
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     with deterministic_runtime():
-        config = ModelConfig(**SHAPE_1B)
-        model = random_model(config, get_ops("deterministic", "cuda"), torch.bfloat16, seed=0)
-        loaded = LoadedModel(model, NullTokenizer(), config, "random-1b", Path("."))
-        cfg = EngineConfig(model="random", mode="deterministic", device="cuda", dtype="bfloat16",
+        config = ModelConfig(**shape)
+        model = random_model(config, get_ops("deterministic", DEVICE), dtype, seed=0)
+        loaded = LoadedModel(model, NullTokenizer(), config, f"random-{args.shape}", Path("."))
+        cfg = EngineConfig(model="random", mode="deterministic", device=DEVICE, dtype=str(dtype).split(".")[-1],
                            max_num_batched_tokens=8192, max_num_seqs=256, kv_cache_tokens=262144)
         engine = LLMEngine(cfg, loaded)
         rng = random.Random(0)
-        prompts = [[rng.randrange(SHAPE_1B["vocab_size"]) for _ in range(rng.randint(64, 384))]
+        prompts = [[rng.randrange(shape["vocab_size"]) for _ in range(rng.randint(64, 384))]
                    for _ in range(args.requests)]
         t = time.perf_counter()
         completions, reported = rollouts(engine, prompts)
@@ -159,21 +180,24 @@ def main() -> None:
         print(json.dumps(report), flush=True)
         (args.out / "rl.json").write_text(json.dumps(report, indent=2))
         del engine, llm
-        torch.cuda.empty_cache()
+        empty_cache()
         mp, mc = prompts[:args.micro], completions[:args.micro]
         tokens = sum(len(p) + len(c) - 1 for p, c in zip(mp, mc))
         report["timed_step_tokens"] = tokens
         report["samebits_step_s"] = time_step(trainer_step(policy, mp, mc))
         report["stock_kernels_step_s"] = time_step(trainer_step(fast, mp, mc))
         del fast
-        torch.cuda.empty_cache()
-    hf = hf_model(SHAPE_1B, policy)
-    del policy
-    torch.cuda.empty_cache()
-    report["hf_step_s"] = time_step(hf_step(hf, mp, mc))
+        empty_cache()
+    if not args.skip_hf:
+        hf = hf_model(shape, policy)
+        del policy
+        empty_cache()
+        report["hf_step_s"] = time_step(hf_step(hf, mp, mc))
     for k in ("samebits", "stock_kernels", "hf"):
-        report[f"{k}_us_per_token"] = 1e6 * report[f"{k}_step_s"] / tokens
-    report["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        if f"{k}_step_s" in report:
+            report[f"{k}_us_per_token"] = 1e6 * report[f"{k}_step_s"] / tokens
+    if DEVICE == "cuda":
+        report["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     (args.out / "rl.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
 
