@@ -252,6 +252,19 @@ def generate(
                      chat=chat, device=device, fail=fail)
 
 
+@app.command("rl-demo")
+def rl_demo(
+    steps: int = typer.Option(10), prompts: int = typer.Option(4), group: int = typer.Option(8),
+    max_tokens: int = typer.Option(8), lr: float = typer.Option(1e-2), seed: int = typer.Option(0),
+    plot_path: Path | None = typer.Option(Path("rl_demo.png"), "--plot", help="PNG of both runs' curves."),
+    json_path: Path | None = typer.Option(None, "--json"),
+):
+    """GRPO on the CPU with a tiny model: the samebits trainer (ratio 1, KL 0) beside the same weights on stock kernels."""
+    from samebits.cli.rl_demo import rl_demo_command
+
+    rl_demo_command(steps, prompts, group, max_tokens, lr, seed, plot_path, json_path, fail)
+
+
 SERVE_HELP = {
     "model": "Model name or path.",
     "host": "Address to bind (loopback by default).",

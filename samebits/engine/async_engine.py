@@ -83,11 +83,11 @@ def _call(hook: Callable[[float], None] | None, value: float) -> None:
         hook(value)
 
 
-def _settle(future: concurrent.futures.Future, error: BaseException | None = None) -> None:
+def _settle(future: concurrent.futures.Future, error: BaseException | None = None, result: Any = None) -> None:
     """Complete a command's future unless its waiter already gave up (asyncio cancels wrapped futures)."""
     try:
         if error is None:
-            future.set_result(None)
+            future.set_result(result)
         else:
             future.set_exception(error)
     except concurrent.futures.InvalidStateError:
@@ -189,10 +189,14 @@ class AsyncEngine:
             stream.close()
         await asyncio.wrap_future(self._submit("abort", request_id))
 
+    async def call(self, fn: Callable[[Any], Any]) -> Any:
+        """fn(engine) on the engine thread, between steps (the engine is not thread-safe): its result or its error."""
+        return await asyncio.wrap_future(self._submit("call", fn))
+
     def _submit(self, kind: str, *args) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         if not self.healthy:  # no thread will apply it: answer now rather than leave the waiter hanging
-            _settle(future, EngineDead("the engine loop has stopped") if kind == "add" else None)
+            _settle(future, EngineDead("the engine loop has stopped") if kind != "abort" else None)
             return future
         self._commands.append((kind, args, future))
         self._wake.set()
@@ -259,18 +263,21 @@ class AsyncEngine:
 
     def _apply(self, kind: str, args: tuple, future: concurrent.futures.Future) -> None:
         # Applied even when the waiter was cancelled: an add must still be matched by the abort that follows it.
+        result = None
         try:
             if kind == "add":
                 request_id, ids, params, prompt = args
                 self.engine.add_request(request_id, ids, params, prompt=prompt)
+            elif kind == "call":
+                result = args[0](self.engine)
             else:
                 self.engine.abort_request(args[0])
-        # A bad request (or an unknown id to abort) fails that request, never the loop.
+        # A bad request (or an unknown id to abort, or a failed call) fails that command, never the loop.
         except Exception as e:  # noqa: BLE001
-            if kind == "add":
+            if kind != "abort":
                 _settle(future, error=e)
                 return
-        _settle(future)
+        _settle(future, result=result)
 
     def _fail_pending_commands(self) -> None:
         while self._commands:

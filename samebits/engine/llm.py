@@ -61,6 +61,13 @@ class LLM:
             scores = self.engine.score(list(prompts), list(completions))
         return scores[0] if single else scores
 
+    def update_weights(self, weights, version: str | None = None) -> str:
+        """Copy new weights in place (a state dict in HF or samebits names, a samebits Policy, a transformers
+        module); refused whole on a wrong name, shape or dtype. Returns the weights version in the fingerprint."""
+        from samebits.engine.weights import update_weights
+
+        return update_weights(self.engine, weights, version)
+
     def _add(self, token_ids, params, text) -> str:
         request_id = str(next(self._ids))
         self.engine.add_request(request_id, token_ids, params, prompt=text)

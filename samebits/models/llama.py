@@ -3,6 +3,8 @@
 Tokens arrive flattened across sequences (`input_ids[T]`, `positions[T]`); the paged KV cache and `meta` say which
 sequence each token belongs to. Nothing here reduces over a batch dimension itself, so batch invariance is exactly
 that of the `Ops` it runs on. Q/K/V and gate/up are stored fused: one matmul each, same math per output column.
+Grad mode is the caller's: the engine runs the forward under inference mode (engine/model_runner.py), the RL trainer
+with autograd, on ops whose forward is this table's and whose backward is its own (rl/train_ops.py).
 """
 from __future__ import annotations
 
@@ -86,7 +88,6 @@ class LlamaModel(nn.Module):
             raise ValueError(f"ops are for {ops.device} but the model is on {self.device}")
         self.ops = ops
 
-    @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta) -> torch.Tensor:
         hidden = self.embed_tokens[input_ids]
         residual = None
@@ -98,7 +99,6 @@ class LlamaModel(nn.Module):
         normed, _ = self.ops.add_rms_norm(hidden, residual, self.norm, self.config.rms_norm_eps)
         return normed
 
-    @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         return self.ops.linear(hidden, head).float()
@@ -159,23 +159,27 @@ class LlamaModel(nn.Module):
             if name in expected:
                 self._copy_in(name, tensor)
                 seen.add(name)
-            elif not self._ignorable(name):
+            elif not self.ignorable(name):
                 unexpected.append(name)
         missing = sorted(expected - seen)
         if missing or unexpected:
             raise ValueError(f"checkpoint does not match the {self.config.architecture} config: "
-                             f"missing {_short(missing)}, unexpected {_short(sorted(unexpected))}")
+                             f"missing {short_names(missing)}, unexpected {short_names(sorted(unexpected))}")
 
-    def _ignorable(self, name: str) -> bool:
+    def ignorable(self, name: str) -> bool:
         # Tied checkpoints sometimes still store lm_head; the model uses the embedding either way.
         return bool(_IGNORED.match(name)) or (name == "lm_head.weight" and self.lm_head is None)
 
     def _copy_in(self, name: str, tensor: torch.Tensor) -> None:
-        param, rows = self._target(name)
-        dest = param.data if rows is None else param.data[rows]
+        dest = self.destination(name)
         if tuple(dest.shape) != tuple(tensor.shape):
             raise ValueError(f"tensor {name} has shape {tuple(tensor.shape)}, the config implies {tuple(dest.shape)}")
         dest.copy_(tensor)
+
+    def destination(self, name: str) -> torch.Tensor:
+        """The rows of our (fused) parameter that the HF tensor `name` fills, as a view to copy into."""
+        param, rows = self._target(name)
+        return param.data if rows is None else param.data[rows]
 
     def _target(self, name: str) -> tuple[nn.Parameter, slice | None]:
         if name in _TOP_PARAMS:
@@ -191,7 +195,7 @@ class LlamaModel(nn.Module):
                 "gate": slice(0, inter), "up": slice(inter, 2 * inter)}[part]
 
 
-def _short(names: list[str], limit: int = 6) -> str:
+def short_names(names: list[str], limit: int = 6) -> str:
     if not names:
         return "none"
     more = f" (+{len(names) - limit} more)" if len(names) > limit else ""

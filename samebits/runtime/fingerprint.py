@@ -188,6 +188,14 @@ def fingerprint(mode: str = "deterministic") -> dict:
     return fields
 
 
+def with_fields(fp: dict, **fields) -> dict:
+    """A copy of fingerprint `fp` with `fields` set and the hash recomputed over them (e.g. the weights version
+    after `LLM.update_weights`)."""
+    out = {**fp, **fields}
+    out["hash"] = _hash(out)
+    return out
+
+
 def write_lock(path: str | os.PathLike = "samebits.lock", mode: str = "deterministic") -> dict:
     fp = fingerprint(mode)
     Path(path).write_text(json.dumps(fp, indent=2, sort_keys=True) + "\n")

@@ -13,6 +13,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from samebits import __version__
+from samebits.server.admin import add_admin_routes
 from samebits.server.errors import APIError, engine_dead, error_response, not_found
 from samebits.server.metrics import CONTENT_TYPE
 from samebits.server.middleware import GuardMiddleware
@@ -130,6 +131,7 @@ def build_app(async_engine, server_config) -> FastAPI:
                   lifespan=_lifespan(state))
     app.state.samebits = state
     _add_routes(app, state)
+    add_admin_routes(app, state)
     _add_handlers(app)
     app.add_middleware(GuardMiddleware, numerics_headers=state.headers, api_keys=server_config.api_keys,
                        max_header_count=server_config.max_header_count,

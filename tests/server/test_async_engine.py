@@ -223,3 +223,18 @@ def test_abort_after_loop_death_returns_at_once():
         await asyncio.wait_for(ae.abort("a"), 30)  # returns at once; the bound only keeps a bug from hanging
 
     run(body, engine)
+
+
+def test_call_runs_on_the_engine_thread_with_its_result_or_error():
+    async def main(ae):
+        ae.start()
+        where = await ae.call(lambda engine: (threading.current_thread().name, engine is ae.engine))
+        with pytest.raises(ZeroDivisionError):
+            await ae.call(lambda engine: 1 / 0)
+        alive = ae.healthy  # a failed call fails that call, never the loop
+        ae.shutdown()
+        with pytest.raises(EngineDead):
+            await ae.call(lambda engine: None)
+        return where, alive
+
+    assert run(main) == (("samebits-engine", True), True)

@@ -230,6 +230,11 @@ class Scheduler:
         seq.num_computed_tokens = max(seq.num_computed_tokens, num_computed_tokens)
         self.bm.cache_computed_blocks(seq)
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix no sequence holds (after new weights, old KV is another model's); returns how
+        many blocks were dropped."""
+        return self.bm.reset_prefix_cache()
+
     # ---- observability -------------------------------------------------------------------------------------
     def stats(self) -> dict:
         s = self.bm.stats

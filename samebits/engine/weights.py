@@ -1,0 +1,106 @@
+"""Weight sync without restart: new weights copied into a running engine's tensors, in place.
+
+In place, so every holder of the tensors keeps seeing them: a captured CUDA graph replays over the same addresses and
+stays valid, the proven GEMM routes are per shape and stay proven. The source is checked whole before one byte is
+copied (every name, shape and dtype), so a bad update leaves the old weights serving. After the copy the prefix cache
+is dropped (its KV is the old model's) and the fingerprint carries the new weights' version, so every response names
+the policy that produced it.
+
+A source is a mapping of names to tensors, or a module (its parameters or state). Names are either ours (a
+LlamaModel's own parameter names, e.g. a samebits Policy's, optionally under a common `model.` prefix) or HF's (a
+transformers LlamaForCausalLM's state dict, a checkpoint's tensors).
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+import torch
+
+from samebits.models.llama import LlamaModel, short_names
+
+
+class WeightsError(ValueError):
+    """The new weights do not fit the engine's model; nothing was copied."""
+
+
+class EngineBusy(RuntimeError):
+    """Requests are in flight: new weights would change them midway."""
+
+
+def update_weights(engine, source, version: str | None = None) -> str:
+    """Copy `source` into `engine`'s model; returns the weights version now in the fingerprint (`version`, or a
+    digest of the new weights)."""
+    if engine.has_unfinished_requests():
+        raise EngineBusy("update_weights: requests are in flight; update between rollout batches")
+    model = engine.runner.model
+    pairs = plan(model, tensors_of(source))
+    with torch.no_grad():
+        for dest, tensor in pairs:
+            dest.copy_(tensor)
+    engine.scheduler.reset_prefix_cache()
+    version = version or weights_digest(model)
+    from samebits.runtime.fingerprint import with_fields
+
+    engine._fingerprint = with_fields(engine.fingerprint(), weights=version)
+    return version
+
+
+def tensors_of(source) -> dict[str, torch.Tensor]:
+    if isinstance(source, Mapping):
+        return dict(source)
+    inner = getattr(source, "model", None)
+    if isinstance(inner, LlamaModel):  # a samebits Policy
+        source = inner
+    if isinstance(source, LlamaModel):
+        return dict(source.named_parameters())
+    if isinstance(source, torch.nn.Module):
+        return source.state_dict()
+    raise TypeError(f"update_weights: expected a mapping of tensors or a torch module, got {type(source).__name__}")
+
+
+def plan(model: LlamaModel, tensors: dict[str, torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(destination view, source tensor) for every tensor, after checking all of them; WeightsError otherwise."""
+    own = dict(model.named_parameters())
+    tensors = _own_names(tensors, own)
+    if set(tensors) <= set(own):
+        expected, pairs = set(own), [(own[n].data, t) for n, t in tensors.items()]
+        unexpected = []
+    else:
+        expected = model.expected_weight_names()
+        unexpected = sorted(n for n in tensors if n not in expected and not model.ignorable(n))
+        pairs = [(model.destination(n), t) for n, t in tensors.items() if n in expected]
+    names = [n for n in tensors if n in expected]
+    problems = _mismatches(names, pairs, model.dtype)
+    missing = sorted(expected - set(tensors))
+    if missing or unexpected or problems:
+        raise WeightsError(f"update_weights refused, old weights kept: missing {short_names(missing)}, unexpected "
+                           f"{short_names(unexpected)}, mismatched {short_names(problems)}")
+    return pairs
+
+
+def _own_names(tensors: dict, own: dict) -> dict:
+    """A Policy's parameters arrive as `model.layers.0...`: strip the prefix when that makes them ours."""
+    stripped = {n.removeprefix("model."): t for n, t in tensors.items()}
+    return stripped if set(stripped) <= set(own) and not set(tensors) <= set(own) else tensors
+
+
+def _mismatches(names: list[str], pairs: list, dtype: torch.dtype) -> list[str]:
+    problems = []
+    for name, (dest, tensor) in zip(names, pairs):
+        if not isinstance(tensor, torch.Tensor):
+            problems.append(f"{name} is a {type(tensor).__name__}, not a tensor")
+        elif tuple(tensor.shape) != tuple(dest.shape):
+            problems.append(f"{name} has shape {tuple(tensor.shape)}, the model holds {tuple(dest.shape)}")
+        elif tensor.dtype != dtype:
+            problems.append(f"{name} is {tensor.dtype}, the model holds {dtype} (cast it first)")
+    return problems
+
+
+def weights_digest(model: LlamaModel) -> str:
+    """16 hex digits of blake2b over every parameter's name and bytes, in name order."""
+    h = hashlib.blake2b(digest_size=8)
+    for name, param in sorted(model.named_parameters()):
+        h.update(name.encode())
+        h.update(param.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()

@@ -1,0 +1,82 @@
+"""Admin routes: weight sync into the running server (engine/weights.py), only behind an API key.
+
+`POST /admin/update_weights {"path": ..., "version": ...}` reads an HF folder's safetensors (or one .safetensors
+file) on the server's host, casts them to the engine's dtype as a load would, and copies them in on the engine thread
+between steps; `GET /admin/weights` names the weights serving now. A server started without API keys answers 403:
+an open admin route would let any client replace the model. Errors are APIErrors, rendered by the app's handler.
+"""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict
+from starlette.requests import Request
+from starlette.responses import Response
+
+from samebits.server.errors import APIError, invalid
+from samebits.server.requests import read_model
+from samebits.server.responses import json_response
+
+
+class UpdateWeightsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    version: str | None = None
+
+
+def add_admin_routes(app: FastAPI, state) -> None:
+    @app.post("/admin/update_weights")
+    async def update_weights(request: Request) -> Response:
+        _require_key(state)
+        req = await read_model(request, UpdateWeightsRequest, state.config.max_body_bytes)
+        tensors = await asyncio.to_thread(_read_tensors, req.path, state.engine.runner.model.dtype)
+        version = await state.ae.call(_updater(tensors, req.version))
+        state.fingerprint.clear()
+        state.fingerprint.update(state.engine.fingerprint())
+        return json_response(_weights(state, version), {})
+
+    @app.get("/admin/weights")
+    async def weights() -> Response:
+        _require_key(state)
+        return json_response(_weights(state, state.fingerprint.get("weights")), {})
+
+
+def _weights(state, version) -> dict:
+    return {"object": "weights", "model": state.model_name, "weights": version, "fingerprint": state.fingerprint["hash"]}
+
+
+def _require_key(state) -> None:
+    if not state.config.api_keys:
+        raise APIError(403, "Admin routes need an API key: start the server with --api-keys.", code="admin_disabled")
+
+
+def _updater(tensors: dict, version: str | None):
+    def run(engine) -> str:
+        from samebits.engine.weights import EngineBusy, update_weights
+
+        try:
+            return update_weights(engine, tensors, version)
+        except EngineBusy as e:
+            raise APIError(409, f"{e}.", code="engine_busy") from None
+        except ValueError as e:  # WeightsError: nothing was copied, the old weights serve on
+            raise invalid(str(e), "path") from None
+
+    return run
+
+
+def _read_tensors(path: str, dtype) -> dict:
+    from samebits.models.loader_hf import iter_tensors, safetensors_files
+
+    p = Path(path).expanduser()
+    if p.is_file() and p.suffix == ".safetensors":
+        files = [p]
+    elif p.is_dir():
+        try:
+            files = safetensors_files(p)
+        except FileNotFoundError as e:
+            raise invalid(str(e), "path") from None
+    else:
+        raise invalid(f"path: {path!r} is neither an HF model folder nor a .safetensors file on the server.", "path")
+    return {name: t.to(dtype) for name, t in iter_tensors(files)}

@@ -1,0 +1,82 @@
+"""The admin route: weight sync into a live server behind the API key; the responses name the new weights, and their
+logprobs are the synced trainer's bits; bad input is refused and the old weights keep serving."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from samebits.engine.llm import LLM
+from samebits.engine.sampling_params import SamplingParams
+from samebits.models.testing import write_tiny_checkpoint
+from samebits.rl.policy import Policy
+from samebits.runtime import deterministic_runtime
+from tests.server.conftest import MODEL_NAME, make_engine, start_server
+
+KEY = "admin-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+PROMPT = [5, 17, 42, 99, 7, 3]
+
+
+@pytest.fixture(scope="module")
+def locked(tiny_model_dir):
+    live = start_server(make_engine(tiny_model_dir), api_keys=(KEY,))
+    yield live
+    live.stop()
+
+
+def complete(http) -> dict:
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 5, "temperature": 0.8, "seed": 4, "logprobs": 0}
+    r = http.post("/v1/completions", json=body, headers=AUTH)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def bits(values) -> list[int]:
+    return torch.as_tensor(values, dtype=torch.float32).detach().view(torch.int32).tolist()
+
+
+def test_update_weights_then_responses_are_the_new_policy(locked, tmp_path):
+    new = write_tiny_checkpoint(tmp_path / "new", "llama3", seed=5)
+    with locked.client() as http:
+        before = complete(http)["system_fingerprint"]
+        r = http.post("/admin/update_weights", json={"path": str(new), "version": "step-42"}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["weights"] == "step-42" and r.json()["fingerprint"] != before
+        out = complete(http)
+        assert out["system_fingerprint"] == r.json()["fingerprint"]
+        assert http.get("/admin/weights", headers=AUTH).json()["weights"] == "step-42"
+        assert http.get("/version", headers=AUTH).json()["weights"] == "step-42"
+    # The response names text, not ids: the same request offline, on the new checkpoint, gives the ids.
+    offline = LLM(model=str(new), device="cpu", max_num_seqs=128, max_model_len=256)
+    sample = offline.generate([PROMPT], SamplingParams(temperature=0.8, seed=4, max_tokens=5, logprobs=0),
+                              use_tqdm=False)[0].outputs[0]
+    assert sample.text == out["choices"][0]["text"]
+    with deterministic_runtime():
+        trained = Policy.from_pretrained(new, device="cpu").logprobs([PROMPT], [sample.token_ids])[0]
+    assert bits(out["choices"][0]["logprobs"]["token_logprobs"]) == bits(trained.detach()) == bits(sample.logprobs)
+
+
+@pytest.mark.parametrize("body, status, match", [
+    ({"path": "/nonexistent/ckpt"}, 400, "is neither an HF model folder nor a .safetensors file"),
+    ({"path": "x", "extra": 1}, 400, "extra"),
+    ("wrong-shape", 400, "update_weights refused, old weights kept"),
+])
+def test_bad_update_is_refused_and_old_weights_serve(locked, tmp_path, body, status, match):
+    if body == "wrong-shape":
+        body = {"path": str(write_tiny_checkpoint(tmp_path / "narrow", "llama3", seed=5, intermediate_size=128))}
+    with locked.client() as http:
+        before = complete(http)
+        r = http.post("/admin/update_weights", json=body, headers=AUTH)
+        assert r.status_code == status and match in r.json()["error"]["message"], r.text
+        after = complete(http)
+    assert after["system_fingerprint"] == before["system_fingerprint"]
+    assert after["choices"][0]["logprobs"] == before["choices"][0]["logprobs"]
+
+
+def test_admin_needs_the_key(locked, server):
+    with locked.client() as http:
+        assert http.post("/admin/update_weights", json={"path": "x"}).status_code == 401
+    with server.client() as http:  # a server without keys keeps its admin routes shut
+        r = http.post("/admin/update_weights", json={"path": "x"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "admin_disabled"
+        assert http.get("/admin/weights").status_code == 403
