@@ -8,6 +8,8 @@ context length, and the split-KV merge gives the same bits as the in-program fol
 """
 from __future__ import annotations
 
+import collections
+
 import torch
 
 from samebits.arith import cdiv, kv_slot
@@ -17,6 +19,9 @@ from samebits.kernels.common import to_device
 
 # Captured batch sizes (then max_num_seqs): denser than doubling above 32, where a padded row costs the most.
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+# A capture another thread's CUDA call voided (seen in the server on the H200) is retried at later steps, up to this
+# many times per batch size; only then does that size stay eager. Bits never depend on it: eager computes the same rows.
+CAPTURE_ATTEMPTS = 3
 
 
 class DecodeGraphs:
@@ -35,12 +40,14 @@ class DecodeGraphs:
         self.written = 0
         self.slots = torch.full((n,), -1, dtype=torch.int64, device=dev)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.failed_captures: collections.Counter[int] = collections.Counter()
         self.pool = None
 
     def accepts(self, output) -> bool:
         s = output.scheduled
         # A step the policy padded runs eagerly, as its fixed shape was chosen for the eager kernels.
         return (bool(s) and not output.padding and len(s) <= self.buckets[-1]
+                and self.failed_captures[self.bucket(len(s))] < CAPTURE_ATTEMPTS
                 and all(x.num_new_tokens == 1 and x.start + 1 <= self.max_model_len for x in s))
 
     def bucket(self, n: int) -> int:
@@ -94,7 +101,11 @@ class DecodeGraphs:
         """Hidden states [n, H] of a decode-only step; `fill_pending(ids)` writes the ids still on the device."""
         bs = self.bucket(len(scheduled))
         if bs not in self.graphs:
-            self.capture(bs)
+            try:
+                self.capture(bs)
+            except RuntimeError:
+                self.failed_captures[bs] += 1
+                raise
         self.fill(scheduled, bs)
         if fill_pending is not None:
             fill_pending(self.ids)

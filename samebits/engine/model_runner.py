@@ -196,8 +196,8 @@ class ModelRunner:
         try:
             return self.graphs.forward(output.scheduled, fill)
         except RuntimeError as e:  # a capture failure costs speed, never bits: eager computes the same rows
-            warnings.warn(f"CUDA graph capture failed ({e}); decode continues eagerly", stacklevel=2)
-            self.graphs = None
+            warnings.warn(f"CUDA graph capture failed ({e}); this step runs eagerly and the capture is retried "
+                          "(cuda_graphs.CAPTURE_ATTEMPTS)", stacklevel=2)
             return None
 
     def _sample(self, logits: torch.Tensor, items) -> SampledStep:

@@ -112,3 +112,26 @@ def test_partial_width_fill_leaves_the_full_width_tables(seed):
     graphs.written = 0
     graphs.fill([_decode_item([5], 0)], 1)
     assert not torch.equal(graphs.tables[:1], torch.tensor([[5] + [99] * (graphs.width - 1)], dtype=torch.int32))
+
+
+def test_a_voided_capture_is_retried_then_that_size_stays_eager(tmp_path, monkeypatch):
+    """A capture another thread voided must not leave decode eager forever: retried, bounded, per batch size."""
+    from samebits.engine.cuda_graphs import CAPTURE_ATTEMPTS
+
+    ckpt = write_tiny_checkpoint(tmp_path, "llama3", seed=2, **SHAPE)
+    llm = LLM(model=str(ckpt), device="cpu", kv_cache_tokens=4096, max_model_len=512)
+    engine, out = decode_step(llm, [[5 + i] * (10 + 7 * i) for i in range(5)])
+    runner = engine.runner
+    runner.graphs = graphs = DecodeGraphs(runner.model, runner.kv_caches, runner.block_size, runner.scratch_block,
+                                          512, 8)
+
+    def voided(bs):
+        raise RuntimeError("operation failed due to a previous error during capture")
+
+    monkeypatch.setattr(graphs, "capture", voided)
+    for attempt in range(CAPTURE_ATTEMPTS):
+        assert graphs.accepts(out), f"attempt {attempt}: the size is still tried"
+        with pytest.warns(UserWarning, match="retried"):
+            assert runner._graph_forward(out, None) is None
+        assert runner.graphs is graphs, "one failure keeps the graphs"
+    assert graphs.failed_captures[8] == CAPTURE_ATTEMPTS and not graphs.accepts(out)

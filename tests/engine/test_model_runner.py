@@ -66,9 +66,9 @@ def test_a_step_launches_without_a_host_sync_on_cuda(tmp_path, mode):
     first = llm.generate(prompts, params[:6], use_tqdm=False)  # warm-up: graph capture and kernel compiles may sync
     execute = llm.engine.runner.execute
 
-    def checked(out):
+    def checked(out, previous=None):
         with sync_is_an_error():
-            return execute(out)
+            return execute(out, previous)
 
     llm.engine.runner.execute = checked
     again = llm.generate(prompts, params[:6], use_tqdm=False)
