@@ -126,7 +126,7 @@ def apply_variant(rows: int, kv_tile: int, split: int, stages: int, warps: int) 
     """Benchmark-only: patch the Triton launcher's constants (the committed values live in kernels/configs.py)."""
     from samebits.kernels.triton import attention as at
 
-    at.BLOCK_M, at.BLOCK_N, at.SPLIT, at.NUM_STAGES, at.NUM_WARPS = rows, kv_tile, split, stages, warps
+    at.ROWS, at.BLOCK_N, at.SPLIT, at.NUM_STAGES, at.NUM_WARPS = rows, kv_tile, split, stages, warps
 
 
 def sweep(out: str, gen) -> list:
@@ -172,7 +172,7 @@ def main() -> None:
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "heads": [HQ, HKV, D], "page": BS, "rows": rows,
             "config": {"split": at.SPLIT, "num_stages": at.NUM_STAGES, "num_warps": at.NUM_WARPS,
-                       "query_rows": at.BLOCK_M, "kv_tile": at.BLOCK_N}}
+                       "query_rows": at.ROWS, "decode_rows": at.DECODE_ROWS, "kv_tile": at.BLOCK_N}}
     cases = [lambda length=length: prefill_case(length, gen) for length in (1024, 2048, 4096, 8192)]
     cases += [lambda b=b, ctx=ctx: decode_case(b, ctx, gen) for ctx in contexts for b in batches]
     for case in cases:

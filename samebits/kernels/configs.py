@@ -103,10 +103,18 @@ TILE_CONFIGS["det_sum"] = {
 
 
 TILE_CONFIGS["attention.query_tile"] = {
-    "config": {"rows": 64, "num_warps": 4, "num_stages": 3, "fp_fusion": False},
-    "why": "rows = (token, GQA head) pairs; the H200 probe showed head_dim-128 row reductions change with the query "
-    "tile, so one tile serves prefill, chunked prefill and decode alike. fp_fusion is pinned for all attention, RoPE "
-    "and KV-write kernels (the fold spells its fma out) so Triton's changing default never moves bits.",
+    "config": {"layout": "transposed: S^T = K Q^T, O^T = V^T P^T", "rows": 64, "decode_rows": 16, "num_warps": 4,
+               "num_stages": 2, "fp_fusion": False},
+    "why": "rows = (token, GQA head) pairs. With the query rows on the MMA's M side a row's head_dim-128 reductions "
+    "changed with the tile (16 vs 64 rows, docs/BACKGROUND.md attn_tile), so one 64-row tile served decode too and "
+    "used 4 of its 64 rows at GQA 4. Transposed, the keys (64) and the head dim are M and the rows are N: on the H200 "
+    "every row had the same bits at 16, 32, 64 and 128 rows, 4 and 8 warps, 2 and 3 stages, chunked, and decoded at "
+    "51 positions, split-parallel or folded (scripts/attention_rows_probe.py). So a decode tile takes 16 rows, "
+    "prefill 64. Stages 2 beat 3 for the transposed kernel (decode b256 ctx 512: 0.152 vs 0.194 ms), 4 warps beat 8. "
+    "Decode vs the untransposed kernel on the H200: 1.22-1.33x at batch 256, 1.1-1.25x at 64, ~1x at batch <= 8; "
+    "prefill 1.5x slower (1024 tokens: 0.101 vs 0.066 ms), a price paid because prefill and decode must share the "
+    "kernel's bits. fp_fusion is pinned for all attention, RoPE and KV-write kernels (the fold spells its fma out) so "
+    "Triton's changing default never moves bits.",
 }
 
 TILE_CONFIGS["attention.kv_tile"] = {

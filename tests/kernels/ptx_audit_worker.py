@@ -80,14 +80,14 @@ def _row_specs():
 def _paged_attention_specs(dtype, d, query_tile, block_n, split):
     fn = _jit("attention", "_paged_attention_kernel")
     specs = []
-    for partial in (False, True):
+    for partial, rows in ((False, query_tile["rows"]), (True, query_tile["decode_rows"])):
         ptr = "*" + dtype
         sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32",
                "cu_seqlens_q": "*i32", "context_lens": "*i32", "block_tables": "*i32", "qk_scale": "fp32",
                "n_split_grid": "i32", "num_q_heads": "i32"}
         sig.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks",
                                        "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_bt")})
-        const = {"G": 4, "BLOCK_M": query_tile["rows"], "BLOCK_N": block_n, "D": d, "BS": 16, "SPLIT": split,
+        const = {"G": 4, "BQ": rows, "BLOCK_N": block_n, "D": d, "BS": 16, "SPLIT": split,
                  "PARTIAL": partial, "UPCAST": False, "IEEE": dtype == "fp32"}
         sig.update({n: "constexpr" for n in const})
         options = {"num_warps": query_tile["num_warps"], "num_stages": query_tile["num_stages"]}
@@ -98,7 +98,7 @@ def _paged_attention_specs(dtype, d, query_tile, block_n, split):
 def _merge_spec(dtype, d, query_tile, split):
     sig = {"O": "*" + dtype, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32", "cu_seqlens_q": "*i32",
            "context_lens": "*i32", "n_split_grid": "i32", "num_q_heads": "i32", "stride_ot": "i32", "stride_oh": "i32"}
-    const = {"G": 4, "BLOCK_M": query_tile["rows"], "D": d, "SPLIT": split}
+    const = {"G": 4, "BQ": query_tile["decode_rows"], "D": d, "SPLIT": split}
     sig.update({n: "constexpr" for n in const})
     return (f"merge_splits_{dtype}_d{d}", _jit("attention", "_merge_splits_kernel"), sig, const,
             {"num_warps": query_tile["num_warps"], "num_stages": 1})

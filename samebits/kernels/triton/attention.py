@@ -1,5 +1,10 @@
 """Triton paged attention and its split merge (the why of the tiles: samebits/kernels/attention.py).
 
+Tiles are transposed: S^T = K Q^T and O^T = V^T P^T, so the MMA's M side is always the 64-key tile or the head dim and
+the query rows are its N side. A row's bits are then the same at every query-tile width (measured on the H200 at 16, 32,
+64 and 128 rows, scripts/attention_rows_probe.py), so decode runs 16-row tiles (4 GQA heads of one token use 4 of 16
+rows, not 4 of 64) and prefill 64-row ones, with prefill and decode still bit-equal.
+
 Imported lazily (only on CUDA or under TRITON_INTERPRET=1) so that importing samebits never needs triton. The launcher
 checks shapes, dtypes and strides; the torch reference is kernels.attention.paged_attention_reference (float64).
 No atomics: each output element is written by exactly one program.
@@ -11,11 +16,12 @@ import triton
 import triton.language as tl
 
 from samebits.arith import cdiv
-from samebits.kernels.common import interpreting
+from samebits.kernels.common import interpreting, next_pow2
 from samebits.kernels.configs import TILE_CONFIGS
 
 _QT = TILE_CONFIGS["attention.query_tile"]["config"]
-BLOCK_M = _QT["rows"]
+ROWS = _QT["rows"]
+DECODE_ROWS = _QT["decode_rows"]
 NUM_WARPS = _QT["num_warps"]
 NUM_STAGES = _QT["num_stages"]
 # Pinned: Triton's default for contracting a*b+c into fma changes across versions (3.10 flips it), and it changes bits.
@@ -28,91 +34,86 @@ LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x * scale) == exp2(x *
 
 
 @triton.jit
-def _tile_step(q, m, l, acc, K, V, bt_row, n0, last, pos, h, qk_scale,
-               stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-               BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-               MASKED: tl.constexpr):
-    # q [BM, D]; m, l [BM] fp32 (log2 domain); acc [BM, D] fp32; keys n0..n0+BLOCK_N-1 gathered via the block table.
+def _tile_step(qt, m, l, acc, K, V, bt_row, n0, last, pos, h,
+            qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+            BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+            MASKED: tl.constexpr):
+    # qt [D, BQ]; m, l [BQ] fp32 (log2 domain); acc [D, BQ] fp32; keys n0..n0+BLOCK_N-1 gathered via the block table.
     # MASKED=False is only used for tiles whose every key every live row sees: there the causal mask and the
     # live-row selects are identities, so both variants give a row the same bits (the diagonal tiles use MASKED).
-    n = n0 + tl.arange(0, BLOCK_N)  # [BN]
+    n = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     if MASKED:
         kv_ok = n <= last
         blk = tl.load(bt_row + n // BS, mask=kv_ok, other=0).to(tl.int64)
     else:
         blk = tl.load(bt_row + n // BS).to(tl.int64)
-    row = blk * stride_kb + (n % BS) * stride_ks + h * stride_kh  # [BN]
+    row = blk * stride_kb + (n % BS) * stride_ks + h * stride_kh
     row_v = blk * stride_vb + (n % BS) * stride_vs + h * stride_vh
     if MASKED:
         k = tl.load(K + row[:, None] + d[None, :], mask=kv_ok[:, None], other=0.0)  # [BN, D]
-        v = tl.load(V + row_v[:, None] + d[None, :], mask=kv_ok[:, None], other=0.0)  # [BN, D]
+        vt = tl.load(V + row_v[None, :] + d[:, None], mask=kv_ok[None, :], other=0.0)  # [D, BN]
     else:
         k = tl.load(K + row[:, None] + d[None, :])
-        v = tl.load(V + row_v[:, None] + d[None, :])
+        vt = tl.load(V + row_v[None, :] + d[:, None])
     if UPCAST:
         k = k.to(tl.float32)
-        v = v.to(tl.float32)
+        vt = vt.to(tl.float32)
     if IEEE:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        st = tl.dot(k, qt, input_precision="ieee")
     else:
-        s = tl.dot(q, tl.trans(k))
-    s = s * qk_scale  # [BM, BN], log2 domain: softmax scale * log2(e) folded into one multiply
+        st = tl.dot(k, qt)
+    st = st * qk_scale  # [BN, BQ], log2 domain: softmax scale * log2(e) folded into one multiply
     if MASKED:
-        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
+        st = tl.where(n[:, None] <= pos[None, :], st, float("-inf"))
         live = pos >= n0  # the tile holds at least one of the row's keys; other rows keep their state bit for bit
-        m_new = tl.maximum(m, tl.max(s, 1))
+        m_new = tl.maximum(m, tl.max(st, 0))
         m_safe = tl.where(live, m_new, 0.0)
     else:
-        m_new = tl.maximum(m, tl.max(s, 1))
+        m_new = tl.maximum(m, tl.max(st, 0))
         m_safe = m_new
     alpha = tl.exp2(m - m_safe)
-    p = tl.exp2(s - m_safe[:, None])  # [BM, BN]
-    l_new = tl.fma(l, alpha, tl.sum(p, 1))
-    acc_new = acc * alpha[:, None]
+    pt = tl.exp2(st - m_safe[None, :])  # [BN, BQ]
+    l_new = tl.fma(l, alpha, tl.sum(pt, 0))
+    acc_new = acc * alpha[None, :]
     if IEEE:
-        acc_new = tl.dot(p.to(v.dtype), v, acc_new, input_precision="ieee")
+        acc_new = tl.dot(vt, pt.to(vt.dtype), acc_new, input_precision="ieee")
     else:
-        acc_new = tl.dot(p.to(v.dtype), v, acc_new)
+        acc_new = tl.dot(vt, pt.to(vt.dtype), acc_new)
     if MASKED:
         m_new = tl.where(live, m_new, m)
         l_new = tl.where(live, l_new, l)
-        acc_new = tl.where(live[:, None], acc_new, acc)
+        acc_new = tl.where(live[None, :], acc_new, acc)
     return m_new, l_new, acc_new
 
 
 @triton.jit
 def _fold(m_r, l_r, acc_r, m_s, l_s, acc_s, live):
     # The one merge formula, shared by the sequential fold and the merge kernel so both round identically.
-    # m/l [BM], acc [BM, D]; rows where live is False keep the running state bit for bit.
+    # m/l [BQ], acc [D, BQ]; rows where live is False keep the running state bit for bit.
     m = tl.maximum(m_r, m_s)
     m_safe = tl.where(live, m, 0.0)
     a = tl.exp2(m_r - m_safe)
     b = tl.exp2(m_s - m_safe)
     l = tl.fma(l_r, a, l_s * b)
-    acc = tl.fma(acc_r, a[:, None], acc_s * b[:, None])
-    return tl.where(live, m, m_r), tl.where(live, l, l_r), tl.where(live[:, None], acc, acc_r)
+    acc = tl.fma(acc_r, a[None, :], acc_s * b[None, :])
+    return tl.where(live, m, m_r), tl.where(live, l, l_r), tl.where(live[None, :], acc, acc_r)
 
 
 @triton.jit
-def _normalize(acc, l):
-    return acc / tl.where(l > 0, l, 1.0)[:, None]
-
-
-@triton.jit
-def _rows(cu_seqlens_q, context_lens, b, pid_m, G: tl.constexpr, BLOCK_M: tl.constexpr):
-    # Query-tile rows are (token, head-in-group) pairs: row r is token tok0 + r // G, query head h * G + r % G.
-    TM: tl.constexpr = BLOCK_M // G
+def _rows(cu_seqlens_q, context_lens, b, pid_m, G: tl.constexpr, BQ: tl.constexpr):
+    # Tile rows are (token, head-in-group) pairs: row r is token tok0 + r // G, query head h * G + r % G.
+    TM: tl.constexpr = BQ // G
     q_start = tl.load(cu_seqlens_q + b)
     n_new = tl.load(cu_seqlens_q + b + 1) - q_start
     ctx = tl.load(context_lens + b)
     tok0 = pid_m * TM
-    r = tl.arange(0, BLOCK_M)
+    r = tl.arange(0, BQ)
     tq = tok0 + r // G
-    row_ok = (r < TM * G) & (tq < n_new)
-    first = ctx - n_new  # position of the sequence's first new token
-    pos = tl.where(row_ok, first + tq, -1)  # [BM]; -1 marks padding rows
-    last = tl.minimum(first + tok0 + TM - 1, ctx - 1)  # the tile's last position: no key beyond it is read
+    row_ok = (r < TM * G) & (tq < n_new)  # a G that does not divide BQ leaves the last rows unused
+    first = ctx - n_new
+    pos = tl.where(row_ok, first + tq, -1)
+    last = tl.minimum(first + tok0 + TM - 1, ctx - 1)
     t_idx = (q_start + tq).to(tl.int64)
     return tok0 < n_new, t_idx, r % G, row_ok, pos, last, first + tok0
 
@@ -122,23 +123,22 @@ def _paged_attention_kernel(
         Q, K, V, O, PM, PL, PACC, cu_seqlens_q, context_lens, block_tables, qk_scale, n_split_grid, num_q_heads,
         stride_qt, stride_qh, stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
-        G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+        G: tl.constexpr, BQ: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
         SPLIT: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    # grid (query tiles, B, Hkv * n_split_grid). PARTIAL: this program computes split `sid` only and stores (m, l, acc)
-    # to PM/PL [T, Hq, S] and PACC [T, Hq, S, D]; otherwise it folds all splits in order and stores O [T, Hq, D].
-    # Query tiles are launched last-first: the late (longest) causal rows start early and the short ones fill the tail.
+    # grid (query tiles, B, Hkv * n_split_grid). PARTIAL: split `sid` only, (m, l, acc) to PM/PL [T, Hq, S] and
+    # PACC [T, Hq, S, D]; otherwise every split folded in order into O [T, Hq, D].
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2) // n_split_grid
     sid = tl.program_id(2) % n_split_grid
-    has_rows, t_idx, g, row_ok, pos, last, first_pos = _rows(cu_seqlens_q, context_lens, b, pid_m, G, BLOCK_M)
+    has_rows, t_idx, g, row_ok, pos, last, first_pos = _rows(cu_seqlens_q, context_lens, b, pid_m, G, BQ)
     if has_rows:
-        qh = h * G + g  # [BM]
+        qh = h * G + g
         d = tl.arange(0, D)
-        q = tl.load(Q + t_idx[:, None] * stride_qt + qh[:, None] * stride_qh + d[None, :],
-                    mask=row_ok[:, None], other=0.0)  # [BM, D]
+        qt = tl.load(Q + t_idx[None, :] * stride_qt + qh[None, :] * stride_qh + d[:, None],
+                     mask=row_ok[None, :], other=0.0)  # [D, BQ]
         if UPCAST:
-            q = q.to(tl.float32)
+            qt = qt.to(tl.float32)
         n_splits = last // SPLIT + 1
         lo_split = 0
         hi_split = n_splits
@@ -146,63 +146,62 @@ def _paged_attention_kernel(
             lo_split = sid
             hi_split = tl.minimum(sid + 1, n_splits)
         bt_row = block_tables + b * stride_bt
-        m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_run = tl.zeros([BLOCK_M], tl.float32)
-        acc_run = tl.zeros([BLOCK_M, D], tl.float32)
+        m_run = tl.full([BQ], float("-inf"), tl.float32)
+        l_run = tl.zeros([BQ], tl.float32)
+        acc_run = tl.zeros([D, BQ], tl.float32)
         for s_idx in range(lo_split, hi_split):
-            m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            l = tl.zeros([BLOCK_M], tl.float32)
-            acc = tl.zeros([BLOCK_M, D], tl.float32)
+            m = tl.full([BQ], float("-inf"), tl.float32)
+            l = tl.zeros([BQ], tl.float32)
+            acc = tl.zeros([D, BQ], tl.float32)
             kv_lo = s_idx * SPLIT
             kv_hi = tl.minimum(kv_lo + SPLIT, last + 1)
-            # Tiles ending at or before the tile's first position are seen whole by every row: no mask needed.
             full_hi = tl.minimum(kv_lo + tl.maximum(first_pos + 1 - kv_lo, 0) // BLOCK_N * BLOCK_N, kv_hi)
             for n0 in range(kv_lo, full_hi, BLOCK_N):
-                m, l, acc = _tile_step(q, m, l, acc, K, V, bt_row, n0, last, pos, h, qk_scale,
-                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                       BLOCK_N, D, BS, UPCAST, IEEE, False)
+                m, l, acc = _tile_step(qt, m, l, acc, K, V, bt_row, n0, last, pos, h, qk_scale,
+                                    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                    BLOCK_N, D, BS, UPCAST, IEEE, False)
             for n0 in range(full_hi, kv_hi, BLOCK_N):
-                m, l, acc = _tile_step(q, m, l, acc, K, V, bt_row, n0, last, pos, h, qk_scale,
-                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                       BLOCK_N, D, BS, UPCAST, IEEE, True)
+                m, l, acc = _tile_step(qt, m, l, acc, K, V, bt_row, n0, last, pos, h, qk_scale,
+                                    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                    BLOCK_N, D, BS, UPCAST, IEEE, True)
             if PARTIAL:
                 ok = row_ok & (pos >= kv_lo)
-                p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx  # [BM]
+                p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx  # [BQ]
                 tl.store(PM + p_idx, m, mask=ok)
                 tl.store(PL + p_idx, l, mask=ok)
-                tl.store(PACC + p_idx[:, None] * D + d[None, :], acc, mask=ok[:, None])
+                tl.store(PACC + p_idx[None, :] * D + d[:, None], acc, mask=ok[None, :])
             else:
                 m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m, l, acc, pos >= kv_lo)
         if not PARTIAL:
-            out = _normalize(acc_run, l_run)
-            tl.store(O + t_idx[:, None] * stride_ot + qh[:, None] * stride_oh + d[None, :],
-                     out.to(O.dtype.element_ty), mask=row_ok[:, None])
+            out = acc_run / tl.where(l_run > 0, l_run, 1.0)[None, :]
+            tl.store(O + t_idx[None, :] * stride_ot + qh[None, :] * stride_oh + d[:, None],
+                     out.to(O.dtype.element_ty), mask=row_ok[None, :])
 
 
 @triton.jit
-def _merge_splits_kernel(O, PM, PL, PACC, cu_seqlens_q, context_lens, n_split_grid, num_q_heads, stride_ot, stride_oh,
-                         G: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr):
-    # grid (query tiles, B, Hkv): the same rows as the attention kernel, folding splits 0..n-1 with the same _fold.
+def _merge_splits_kernel(O, PM, PL, PACC, cu_seqlens_q, context_lens, n_split_grid, num_q_heads, stride_ot,
+                           stride_oh, G: tl.constexpr, BQ: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr):
+    # grid (query tiles, B, Hkv): the attention kernel's rows, folding splits 0..n-1 with the same _fold.
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
-    has_rows, t_idx, g, row_ok, pos, last, _ = _rows(cu_seqlens_q, context_lens, b, pid_m, G, BLOCK_M)
+    has_rows, t_idx, g, row_ok, pos, last, _ = _rows(cu_seqlens_q, context_lens, b, pid_m, G, BQ)
     if has_rows:
         qh = h * G + g
         d = tl.arange(0, D)
-        m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_run = tl.zeros([BLOCK_M], tl.float32)
-        acc_run = tl.zeros([BLOCK_M, D], tl.float32)
+        m_run = tl.full([BQ], float("-inf"), tl.float32)
+        l_run = tl.zeros([BQ], tl.float32)
+        acc_run = tl.zeros([D, BQ], tl.float32)
         for s_idx in range(last // SPLIT + 1):
             live = pos >= s_idx * SPLIT
             p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx
             m = tl.load(PM + p_idx, mask=live, other=float("-inf"))
             l = tl.load(PL + p_idx, mask=live, other=0.0)
-            acc = tl.load(PACC + p_idx[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
+            acc = tl.load(PACC + p_idx[None, :] * D + d[:, None], mask=live[None, :], other=0.0)
             m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m, l, acc, live)
-        out = _normalize(acc_run, l_run)
-        tl.store(O + t_idx[:, None] * stride_ot + qh[:, None] * stride_oh + d[None, :],
-                 out.to(O.dtype.element_ty), mask=row_ok[:, None])
+        out = acc_run / tl.where(l_run > 0, l_run, 1.0)[None, :]
+        tl.store(O + t_idx[None, :] * stride_ot + qh[None, :] * stride_oh + d[:, None],
+                 out.to(O.dtype.element_ty), mask=row_ok[None, :])
 
 
 def _check_attention(q, k_cache, v_cache, meta) -> None:
@@ -221,13 +220,23 @@ def default_parallel_splits(meta, tokens_per_tile: int) -> bool:
     return meta.max_query_len <= tokens_per_tile and meta.max_context_len > SPLIT
 
 
-def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bool | None = None) -> torch.Tensor:
-    """q [T, Hq, D] -> [T, Hq, D]; caches [NB, BS, Hkv, D]. parallel_splits=None picks by shape (bits unchanged)."""
+def tile_rows(max_query_len: int, g: int) -> int:
+    """Query rows per tile: the decode tile when one tile holds every new token's GQA heads, else the prefill tile;
+    never fewer than the group (a power of two, as tl.arange needs). The bits do not depend on it."""
+    rows = DECODE_ROWS if max_query_len * g <= DECODE_ROWS else ROWS
+    return max(rows, next_pow2(g))
+
+
+def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bool | None = None,
+                    rows: int | None = None) -> torch.Tensor:
+    """q [T, Hq, D] -> [T, Hq, D]; caches [NB, BS, Hkv, D]. parallel_splits=None and rows=None pick by shape (bits
+    unchanged either way)."""
     _check_attention(q, k_cache, v_cache, meta)
     t, hq, d = q.shape
     bs, h_kv = k_cache.shape[1], k_cache.shape[2]
     g = hq // h_kv
-    tokens_per_tile = BLOCK_M // g
+    rows = rows or tile_rows(meta.max_query_len, g)
+    tokens_per_tile = rows // g
     if parallel_splits is None:
         parallel_splits = default_parallel_splits(meta, tokens_per_tile)
     n_split_grid = cdiv(meta.max_context_len, SPLIT) if parallel_splits else 1
@@ -245,10 +254,10 @@ def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bo
         q, k_cache, v_cache, out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
         float(scale) * LOG2E, n_split_grid, hq, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
-        G=g, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=d, BS=bs, SPLIT=SPLIT, PARTIAL=parallel_splits,
+        G=g, BQ=rows, BLOCK_N=BLOCK_N, D=d, BS=bs, SPLIT=SPLIT, PARTIAL=parallel_splits,
         UPCAST=upcast, IEEE=ieee, num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=FP_FUSION)
     if parallel_splits:
         _merge_splits_kernel[grid[:2] + (h_kv,)](
             out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, n_split_grid, hq, out.stride(0), out.stride(1),
-            G=g, BLOCK_M=BLOCK_M, D=d, SPLIT=SPLIT, num_warps=NUM_WARPS, enable_fp_fusion=FP_FUSION)
+            G=g, BQ=rows, D=d, SPLIT=SPLIT, num_warps=NUM_WARPS, enable_fp_fusion=FP_FUSION)
     return out
