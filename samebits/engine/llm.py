@@ -7,7 +7,7 @@ import itertools
 from samebits.engine.config import EngineConfig
 from samebits.engine.outputs import RequestOutput
 from samebits.engine.prompts import normalize_prompts, render_chat
-from samebits.engine.sampling_params import SamplingParams
+from samebits.engine.sampling_params import SamplingParams, check_vocab
 
 
 class LLM:
@@ -40,6 +40,8 @@ class LLM:
         {"prompt_token_ids": [...]}, or a list of those."""
         items = normalize_prompts(prompts, self.tokenizer.encode)
         params = self._params_per_prompt(sampling_params, len(items))
+        for p in params:  # before any request is queued, so a bad one loses nothing
+            check_vocab(p, self.engine.loaded.config.vocab_size)
         with self._runtime():
             ids = [self._add(t, p, text) for (text, t), p in zip(items, params)]
             return self._run(ids, use_tqdm)

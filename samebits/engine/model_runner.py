@@ -72,6 +72,7 @@ class ModelRunner:
         self.kv_caches = allocate_kv_cache(mc.num_layers, self.num_blocks + 1, self.block_size, mc.num_kv_heads,
                                            mc.head_dim, self.dtype, self.device)
         self.sampler = Sampler(self.model.ops)
+        self.eos_token_ids = tuple(sorted(loaded.tokenizer.eos_token_ids))  # what min_tokens masks, as the stop rule
         self.graphs = None
 
     def prove_routes(self) -> None:
@@ -161,7 +162,7 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, seqs) -> SampledStep:
         batch = SamplingBatch.of([s.params for s in seqs], [s.seed for s in seqs], [s.sample_index for s in seqs],
-                                 [s.num_tokens for s in seqs])
+                                 [s.num_tokens for s in seqs], seqs, self.eos_token_ids)
         return SampledStep(seqs, self.sampler(logits, batch))
 
     @torch.inference_mode()

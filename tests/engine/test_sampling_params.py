@@ -60,7 +60,7 @@ def test_top_k_zero_is_off_as_in_vllm():
 
 @pytest.mark.parametrize("name, words", [
     ("temprature", ["'temprature' is unknown", "temperature", "top_k", "skip_special_tokens"]),
-    ("presence_penalty", ["'presence_penalty' is a vLLM field samebits does not implement", "temperature"]),
+    ("bad_words", ["'bad_words' is a vLLM field samebits does not implement", "temperature"]),
 ])
 def test_unknown_names_are_named_with_the_valid_ones(name, words):
     with pytest.raises(TypeError) as err:
