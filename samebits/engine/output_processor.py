@@ -144,7 +144,7 @@ class OutputProcessor:
         want = seq.params.logprobs is not None
         return CompletionOutput(
             index=seq.sample_index, text=sample.text, token_ids=seq.output_token_ids,
-            logprobs=list(sample.logprobs) if want else None,
+            token_logprobs=list(sample.logprobs) if want else None,
             top_logprobs=list(sample.top_logprobs) if want else None,
             cumulative_logprob=float(sum(sample.logprobs)), finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason)

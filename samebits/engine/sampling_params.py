@@ -13,7 +13,7 @@ PENALTY_LIMIT = 2.0
 BIAS_LIMIT = 100.0
 
 # vLLM SamplingParams names samebits does not implement, so passing one names the gap instead of "unknown".
-NOT_IMPLEMENTED = ("prompt_logprobs", "bad_words", "logits_processors", "truncate_prompt_tokens",
+NOT_IMPLEMENTED = ("bad_words", "logits_processors", "truncate_prompt_tokens",
                    "guided_decoding", "structured_outputs", "spaces_between_special_tokens", "best_of", "output_kind",
                    "detokenize", "extra_args")
 
@@ -54,6 +54,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    # The prompt tokens' own logprobs (0; top-k alternatives are not implemented), computed by LLM.generate through
+    # the scoring path, so bit-equal to what decoding reports for the same tokens.
+    prompt_logprobs: int | None = None
 
     def __new__(cls, *args, **kwargs):
         # The dataclass __init__'s TypeError names neither the valid names nor whether vLLM has the unknown one.
@@ -118,6 +121,9 @@ class SamplingParams:
         allowed_ok = allowed is None or (isinstance(allowed, (list, tuple)) and len(allowed) > 0 and all(
             _is_int(t) and t >= 0 for t in allowed))
         _require(allowed_ok, f"allowed_token_ids must be None or a non-empty list of ints >= 0, got {allowed!r}")
+        pl = self.prompt_logprobs
+        _require(pl is None or (_is_int(pl) and pl == 0), f"prompt_logprobs must be None or 0 (the prompt tokens' own "
+                 f"logprobs; their top-k alternatives are not implemented), got {pl!r}")
 
     @cached_property
     def adjusts_logits(self) -> bool:
