@@ -24,7 +24,8 @@ runs none of it. The reported logprobs stay those of the raw logits, as vLLM's d
 """
 from __future__ import annotations
 
-from collections import Counter
+import array
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -299,13 +300,23 @@ def _add_bias(x: torch.Tensor, sub: list[RowAdjust]) -> torch.Tensor:
 
 
 def token_counts(x: torch.Tensor, per_row: list[Sequence[int]]) -> torch.Tensor:
-    """[S, V] float32 count of each token in each row's ids: counted on the host (exact), written by unique index."""
-    counts = torch.zeros_like(x)
-    tallies = [Counter(ids) for ids in per_row]
-    where = _pairs(x, [list(t) for t in tallies])
-    vocab = x.shape[-1]
-    counts[where] = to_device([n for t in tallies for tok, n in t.items() if tok < vocab], torch.float32, x.device)
-    return counts
+    """[S, V] float32 count of each token in each row's ids: counted on the host by one sort (exact integers), then
+    written by unique index, so there is no accumulation order and no device sync."""
+    vocab, out = x.shape[-1], torch.zeros_like(x)
+    if not any(per_row):
+        return out
+    # array('q') then frombuffer: a Python int list becomes a tensor ~5x faster than through torch.tensor.
+    ids = torch.frombuffer(array.array("q", itertools.chain.from_iterable(per_row)), dtype=torch.int64)
+    rows = torch.repeat_interleave(torch.arange(len(per_row)), torch.tensor([len(r) for r in per_row]))
+    keep = ids < vocab  # an id outside the logits can never be drawn; counted, it would land in the next row
+    keys, counts = torch.unique(rows[keep] * vocab + ids[keep], return_counts=True)
+    out[_staged(keys // vocab, x.device), _staged(keys % vocab, x.device)] = _staged(counts.float(), x.device)
+    return out
+
+
+def _staged(t: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device` without a host sync (pinned and non_blocking on CUDA, as kernels.common.to_device)."""
+    return t.to(device) if device.type != "cuda" else t.pin_memory().to(device, non_blocking=True)
 
 
 def apply_penalties(x: torch.Tensor, sub: list[RowAdjust]) -> torch.Tensor:

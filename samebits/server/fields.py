@@ -1,7 +1,7 @@
 """The field policy, one place: every field of the OpenAI and vLLM request vocabulary is implemented (a typed field of
 `protocol`), refused with a 400 that names it (below), or bookkeeping that changes no output (below).
 
-A refused field sent with a neutral value is accepted, because clients send defaults (`presence_penalty: 0`,
+A refused field sent with a neutral value is accepted, because clients send defaults (`length_penalty: 1`,
 `tools: []`); null is always neutral. A field outside the vocabulary is refused too, naming it: vLLM ignores unknown
 fields with a warning, but a misspelt or newer sampling field that is silently ignored changes the answer without a
 word, which a server whose every output is a function of the request cannot allow.
