@@ -103,7 +103,9 @@ class OutputProcessor:
         hide_eos = finish is not None and finish.reason == "stop" and finish.stop_reason is None \
             and not seq.params.include_stop_str_in_output
         grown = self._detokenize(seq, sample, flush=finish is not None, hide_last=hide_eos)
-        hit = find_stop_string(sample.text, grown, seq.params.stop_strings)
+        # vLLM: no stop string ends a sample before min_tokens (the sampler masks eos and stop ids until then).
+        hit = find_stop_string(sample.text, grown, seq.params.stop_strings) \
+            if seq.num_generated > seq.params.min_tokens else None
         if hit is None:
             return finish
         stop, at = hit
