@@ -137,7 +137,8 @@ def _check_logprobs(value: int | None, limit: int, param: str) -> None:
 def _check_completion(req: CompletionRequest, max_logprobs: int) -> None:
     _check_logprobs(req.logprobs, max_logprobs, "logprobs")
     if req.echo and req.logprobs is not None:
-        raise invalid("echo together with logprobs is not supported (no prompt logprobs)", "echo")
+        raise invalid("echo together with logprobs is not supported: the server has no prompt logprobs yet (the "
+                      "offline API has them: SamplingParams(prompt_logprobs=0))", "echo")
     if req.best_of is not None and req.best_of != (req.n or 1):
         raise invalid(f"best_of must equal n ({req.n or 1}) in samebits, got {req.best_of}", "best_of")
 
