@@ -117,6 +117,7 @@ class RowAdjust:
     banned: tuple[int, ...] = ()  # masked this step: the stop ids and eos while min_tokens is not reached
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: Sequence[int] | None = None
+    penalised: bool = False  # SamplingParams.has_penalties: the histories above are filled only then
 
     @classmethod
     def of(cls, p, history, position: int, eos_token_ids) -> RowAdjust:
@@ -131,7 +132,7 @@ class RowAdjust:
         penalised = p.has_penalties
         return cls(ids[:n_prompt] if penalised else (), ids[n_prompt:position] if penalised else (),
                    p.presence_penalty, p.frequency_penalty, p.repetition_penalty, banned, p.logit_bias,
-                   p.allowed_token_ids)
+                   p.allowed_token_ids, penalised)
 
 
 def inclusive_prefix_sum(x: torch.Tensor) -> torch.Tensor:
@@ -255,7 +256,7 @@ def adjust_logits(logits: torch.Tensor, adjust: list[RowAdjust | None]) -> torch
     x = _mask_disallowed(x, sub)
     x = _mask_banned(x, sub)
     x = _add_bias(x, sub)
-    if any(a.repetition_penalty != 1 or a.presence_penalty != 0 or a.frequency_penalty != 0 for a in sub):
+    if any(a.penalised for a in sub):
         x = apply_penalties(x, sub)
     return logits.index_copy(0, index, x)
 
