@@ -89,7 +89,7 @@ def run_load(engine, prompts, max_tokens, seed=0):
 
 def key(out, k: int):
     c = out.outputs[0]
-    return c.token_ids[:k], torch.tensor(c.logprobs[:k], dtype=torch.float32).view(torch.int32).tolist()
+    return c.token_ids[:k], torch.tensor(c.token_logprobs[:k], dtype=torch.float32).view(torch.int32).tolist()
 
 
 def invariance(engine, prompts, outs, picks, k: int) -> int:

@@ -55,7 +55,7 @@ def rollouts(engine, prompts):
         for out in engine.step():
             if out.finished:
                 done[out.request_id] = out.outputs[0]
-    return [done[str(i)].token_ids for i in range(len(prompts))], [done[str(i)].logprobs for i in range(len(prompts))]
+    return [done[str(i)].token_ids for i in range(len(prompts))], [done[str(i)].token_logprobs for i in range(len(prompts))]
 
 
 def compare(policy, prompts, completions, reference, micro: int, seed: int, params=None) -> int:

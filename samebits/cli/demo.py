@@ -49,7 +49,7 @@ class ModeResult:
 
 def _key(out) -> tuple:
     c = out.outputs[0]
-    return tuple(c.token_ids), tuple(torch.tensor(c.logprobs, dtype=torch.float32).view(torch.int32).tolist())
+    return tuple(c.token_ids), tuple(torch.tensor(c.token_logprobs, dtype=torch.float32).view(torch.int32).tolist())
 
 
 def _filler_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:

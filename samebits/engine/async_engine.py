@@ -102,6 +102,7 @@ class AsyncEngine:
         # Latency hooks (seconds since admission), called on the event loop: the server's histograms.
         self.on_first_output: Callable[[float], None] | None = None
         self.on_finished: Callable[[float], None] | None = None
+        self.on_output: Callable[[Any, _Stream], None] | None = None  # every output, with its stream: per-token metrics
         self.stats: EngineStats | None = None
         self._idle_poll_s = idle_poll_s
         self._commands: collections.deque = collections.deque()
@@ -221,6 +222,8 @@ class AsyncEngine:
         if out.finished:
             self.counters.requests_finished += 1
             _call(self.on_finished, time.monotonic() - stream.arrival)
+        if self.on_output is not None:
+            self.on_output(out, stream)
 
     def _fail_all(self, error: BaseException) -> None:
         dead = EngineDead(f"the engine loop has stopped: {type(error).__name__}: {error}")

@@ -1,13 +1,14 @@
-"""The offline API, shaped like vLLM's: `LLM(...).generate(prompts, params)`, `.chat(...)`, `.score(...)`."""
+"""The offline API, shaped like vLLM's: `LLM(...).generate(prompts, params)`, `.chat(...)`,
+`.teacher_forced_logprobs(...)` (also `.score`, its first name: vLLM's `score` is a pooling model's, another thing)."""
 from __future__ import annotations
 
 import contextlib
 import itertools
 
 from samebits.engine.config import EngineConfig
-from samebits.engine.outputs import RequestOutput
+from samebits.engine.outputs import Logprob, RequestOutput
 from samebits.engine.prompts import normalize_prompts, render_chat
-from samebits.engine.sampling_params import SamplingParams
+from samebits.engine.sampling_params import SamplingParams, check_vocab
 
 
 class LLM:
@@ -40,9 +41,14 @@ class LLM:
         {"prompt_token_ids": [...]}, or a list of those."""
         items = normalize_prompts(prompts, self.tokenizer.encode)
         params = self._params_per_prompt(sampling_params, len(items))
+        for p in params:  # before any request is queued, so a bad one loses nothing
+            check_vocab(p, self.engine.loaded.config.vocab_size)
         with self._runtime():
             ids = [self._add(t, p, text) for (text, t), p in zip(items, params)]
-            return self._run(ids, use_tqdm)
+            outs = self._run(ids, use_tqdm)
+            for out, p in zip(outs, params):
+                self._finish(out, p)
+        return outs
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True,
              continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
@@ -52,8 +58,9 @@ class LLM:
                    for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def score(self, prompt_token_ids, completion_token_ids) -> list[float] | list[list[float]]:
-        """Teacher-forced logprob of each completion token, bit-equal to what `generate` reports for it."""
+    def teacher_forced_logprobs(self, prompt_token_ids, completion_token_ids) -> list[float] | list[list[float]]:
+        """Teacher-forced logprob of each completion token, bit-equal to what `generate` reports for it; one
+        prompt and completion, or lists of them."""
         single = bool(prompt_token_ids) and isinstance(prompt_token_ids[0], int)
         prompts = [prompt_token_ids] if single else prompt_token_ids
         completions = [completion_token_ids] if single else completion_token_ids
@@ -67,6 +74,25 @@ class LLM:
         from samebits.engine.weights import update_weights
 
         return update_weights(self.engine, weights, version)
+
+    def score(self, prompt_token_ids, completion_token_ids) -> list[float] | list[list[float]]:
+        """`teacher_forced_logprobs` under its first name. Not vLLM's `LLM.score` (a pooling model's similarity
+        score), which samebits does not have; new code should call teacher_forced_logprobs."""
+        return self.teacher_forced_logprobs(prompt_token_ids, completion_token_ids)
+
+    def _finish(self, out: RequestOutput, params: SamplingParams) -> None:
+        """What the offline API adds to an engine output: decoded tokens for the Logprob records, and
+        prompt_logprobs through the scoring path (the engine is idle now), bit-equal to decode's."""
+        def decode(ids):
+            return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+        for c in out.outputs:
+            c.decode = decode
+        if params.prompt_logprobs is None:
+            return
+        ids = out.prompt_token_ids
+        scores = self.engine.score([ids[:1]], [ids[1:]])[0] if len(ids) > 1 else []
+        out.prompt_logprobs = [None] + [{t: Logprob(lp, None, decode([t]))} for t, lp in zip(ids[1:], scores)]
 
     def _add(self, token_ids, params, text) -> str:
         request_id = str(next(self._ids))

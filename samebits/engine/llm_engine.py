@@ -102,6 +102,9 @@ class LLMEngine:
             self._finish_step(self._launch(None))
             return self.processor.outputs()
         previous, self._inflight = self._inflight, None
+        if previous is not None and self._penalised_running():
+            self._finish_step(previous)  # a penalty counts the row's tokens: its last one must be read back first
+            previous = None
         if self.scheduler.has_unfinished():
             self._inflight = self._launch(previous)
         if previous is not None:
@@ -109,6 +112,9 @@ class LLMEngine:
         if self._inflight is not None and not self.scheduler.has_unfinished():
             self.drain()  # the step launched ahead holds only finished sequences: settle it, leave nothing in flight
         return self.processor.outputs()
+
+    def _penalised_running(self) -> bool:
+        return any(s.params.has_penalties for s in self.scheduler.running)
 
     def _launch(self, previous):
         out = self.scheduler.schedule()

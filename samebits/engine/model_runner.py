@@ -87,6 +87,7 @@ class ModelRunner:
         self.kv_caches = allocate_kv_cache(mc.num_layers, self.num_blocks + 1, self.block_size, mc.num_kv_heads,
                                            mc.head_dim, self.dtype, self.device)
         self.sampler = Sampler(self.model.ops)
+        self.eos_token_ids = tuple(sorted(loaded.tokenizer.eos_token_ids))  # what min_tokens masks, as the stop rule
         self.graphs = None
 
     def prove_routes(self) -> None:
@@ -204,7 +205,7 @@ class ModelRunner:
         # The position drawn at is the chunk's end, not seq.num_tokens, which counts the pending slots.
         seqs = [s.seq for s in items]
         batch = SamplingBatch.of([s.params for s in seqs], [s.seed for s in seqs], [s.sample_index for s in seqs],
-                                 [s.context_len for s in items])
+                                 [s.context_len for s in items], seqs, self.eos_token_ids)
         return SampledStep(seqs, self.sampler(logits, batch))
 
     @torch.inference_mode()

@@ -103,7 +103,9 @@ class OutputProcessor:
         hide_eos = finish is not None and finish.reason == "stop" and finish.stop_reason is None \
             and not seq.params.include_stop_str_in_output
         grown = self._detokenize(seq, sample, flush=finish is not None, hide_last=hide_eos)
-        hit = find_stop_string(sample.text, grown, seq.params.stop_strings)
+        # vLLM: no stop string ends a sample before min_tokens (the sampler masks eos and stop ids until then).
+        hit = find_stop_string(sample.text, grown, seq.params.stop_strings) \
+            if seq.num_generated > seq.params.min_tokens else None
         if hit is None:
             return finish
         stop, at = hit
@@ -144,7 +146,7 @@ class OutputProcessor:
         want = seq.params.logprobs is not None
         return CompletionOutput(
             index=seq.sample_index, text=sample.text, token_ids=seq.output_token_ids,
-            logprobs=list(sample.logprobs) if want else None,
+            token_logprobs=list(sample.logprobs) if want else None,
             top_logprobs=list(sample.top_logprobs) if want else None,
             cumulative_logprob=float(sum(sample.logprobs)), finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason)

@@ -1,6 +1,7 @@
 """What the engine hands back: one RequestOutput per request, one CompletionOutput per sample."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -13,14 +14,55 @@ class StepResult:
     top_logprobs: dict[int, float]
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """vLLM's per-token logprob record. rank: 1 + how many tokens are more likely; known for the top-k alternatives
+    (their place), None for a sampled token outside them (the sampler reads back the top-k only)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+class SampleLogprobs(Sequence):
+    """vLLM's `list[dict[int, Logprob]]` view of a sample's logprobs, built per step on access (a cumulative output
+    costs nothing per step until read): step i holds the sampled token and the top-k alternatives."""
+
+    def __init__(self, token_ids: list[int], token_logprobs: list[float], top: list[dict[int, float]] | None,
+                 decode: Callable[[list[int]], str] | None = None):
+        self._ids, self._lps, self._top, self._decode = token_ids, token_logprobs, top, decode
+
+    def __len__(self) -> int:
+        return len(self._lps)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        token = self._ids[i]
+        step = {token: Logprob(self._lps[i], None, self._text(token))}
+        for rank, (t, lp) in enumerate((self._top[i] if self._top else {}).items(), 1):
+            step[t] = Logprob(lp, rank, self._text(t))
+        return step
+
+    def _text(self, token: int) -> str | None:
+        return None if self._decode is None else self._decode([token])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"SampleLogprobs({list(self)!r})"
+
+
 @dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     # Sampled token's logprob per step; python floats that are exactly float32 values, so bits survive JSON.
-    logprobs: list[float] | None = None
-    # Per step: {token_id: logprob} for the top-k alternatives when SamplingParams.logprobs > 0.
+    # (`logprobs` holds the same values in vLLM's shape.)
+    token_logprobs: list[float] | None = None
+    # Per step: {token_id: logprob} for the top-k alternatives when SamplingParams.logprobs > 0, best first.
     top_logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float | None = None
     # "stop" | "length" | "abort" | None while running.
@@ -28,8 +70,18 @@ class CompletionOutput:
     # The stop string or stop token id that ended the sample (None for eos, length or running).
     stop_reason: str | int | None = None
 
+    # Decodes one token for Logprob.decoded_token; the offline API (LLM) sets the tokenizer's.
+    decode: Callable[[list[int]], str] | None = field(default=None, repr=False, compare=False)
+
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def logprobs(self) -> SampleLogprobs | None:
+        """vLLM's shape: `logprobs[i][token_id].logprob`, the sampled token's and the top-k alternatives' per step."""
+        if self.token_logprobs is None:
+            return None
+        return SampleLogprobs(self.token_ids, self.token_logprobs, self.top_logprobs, self.decode)
 
 
 @dataclass
@@ -42,6 +94,8 @@ class RequestOutput:
     seed: int | None = None
     fingerprint: str | dict | None = None
     finished: bool = False
+    # vLLM's prompt_logprobs: None for the first prompt token, then {token_id: Logprob} (SamplingParams.prompt_logprobs).
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 @dataclass

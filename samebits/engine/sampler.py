@@ -14,15 +14,25 @@ far below the spacing of float32 logits.
 The 24-bit uniforms bound E_i to [6.0e-8, 17.3], so a token whose probability is below about 3.4e-9 of the most likely
 token's can never win the race: at most V * 3.4e-9 of probability mass (5e-4 at V = 150k, in practice far less) is
 cut from the extreme tail. Two Philox words per token would remove this at twice the RNG cost.
+
+Before the draw, `adjust_logits` applies what a row's parameters change in its own logits, in vLLM's order and with
+its formulas: allowed_token_ids, min_tokens (the row's stop ids and eos masked until it has that many tokens),
+logit_bias, then the repetition (prompt and generated tokens), frequency and presence (generated tokens) penalties.
+Every step is elementwise on the row, with counts made on the host (exact integers, no atomics) and written by unique
+index, so the mode changes nothing there; only the rows that adjust are touched, and a batch where no row adjusts
+runs none of it. The reported logprobs stay those of the raw logits, as vLLM's default `raw_logprobs`.
 """
 from __future__ import annotations
 
+import array
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from samebits.engine import rng
+from samebits.engine.sequence import PENDING
 from samebits.kernels.common import to_device
 
 # Below this temperature logits / t overflows float32 for ordinary logits; such rows are greedy, as in vLLM.
@@ -54,19 +64,32 @@ class SamplingBatch:
     sample_indices: list[int]
     positions: list[int]
     num_top_logprobs: int = 0
+    # Per row its RowAdjust or None; None for the whole batch when no row adjusts its logits.
+    adjust: list[RowAdjust | None] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.temperature)
         for name in ("top_k", "top_p", "min_p", "seeds", "sample_indices", "positions"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"{name} has {len(getattr(self, name))} entries for {n} rows")
+        if self.adjust is not None and len(self.adjust) != n:
+            raise ValueError(f"adjust has {len(self.adjust)} entries for {n} rows")
 
     @classmethod
-    def of(cls, params, seeds, sample_indices, positions) -> SamplingBatch:
-        """From one SamplingParams per row; top-logprobs for the largest count any row asked for."""
+    def of(cls, params, seeds, sample_indices, positions, histories=None, eos_token_ids=()) -> SamplingBatch:
+        """From one SamplingParams per row; top-logprobs for the largest count any row asked for.
+
+        `histories[i]` (the engine's Sequence: `token_ids`, `num_prompt_tokens`) is read only for a row whose
+        parameters adjust its logits; `eos_token_ids` are what min_tokens masks besides the row's stop ids.
+        """
+        positions = list(positions)
+        adjust = None
+        if any(p.adjusts_logits for p in params):
+            adjust = [RowAdjust.of(p, histories[i], positions[i], eos_token_ids) if p.adjusts_logits else None
+                      for i, p in enumerate(params)]
         return cls([p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params],
-                   [p.min_p for p in params], list(seeds), list(sample_indices), list(positions),
-                   max((p.logprobs or 0 for p in params), default=0))
+                   [p.min_p for p in params], list(seeds), list(sample_indices), positions,
+                   max((p.logprobs or 0 for p in params), default=0), adjust)
 
     def __len__(self) -> int:
         return len(self.temperature)
@@ -79,7 +102,41 @@ class SamplingBatch:
             return [values[i] for i in rows]
 
         return SamplingBatch(pick(self.temperature), pick(self.top_k), pick(self.top_p), pick(self.min_p),
-                             pick(self.seeds), pick(self.sample_indices), pick(self.positions), self.num_top_logprobs)
+                             pick(self.seeds), pick(self.sample_indices), pick(self.positions), self.num_top_logprobs,
+                             None if self.adjust is None else pick(self.adjust))
+
+
+@dataclass(frozen=True)
+class RowAdjust:
+    """What one row's parameters change in its logits, with the row's history; the defaults change nothing."""
+
+    prompt_token_ids: Sequence[int] = ()
+    output_token_ids: Sequence[int] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    banned: tuple[int, ...] = ()  # masked this step: the stop ids and eos while min_tokens is not reached
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: Sequence[int] | None = None
+    penalised: bool = False  # SamplingParams.has_penalties: the histories above are filled only then
+
+    @classmethod
+    def of(cls, p, history, position: int, eos_token_ids) -> RowAdjust:
+        """Row `history` (token_ids, num_prompt_tokens) sampling the token at `position`; history must hold every
+        token before it, or the penalties would silently count a shorter one."""
+        ids, n_prompt = history.token_ids, history.num_prompt_tokens
+        if len(ids) < position:
+            raise ValueError(f"the row's history has {len(ids)} tokens, the sampled position is {position}")
+        banned = ()
+        if position - n_prompt < p.min_tokens:  # vLLM: masked while fewer than min_tokens have been generated
+            banned = tuple(sorted(set(p.stop_token_ids or ()) | (set() if p.ignore_eos else set(eos_token_ids))))
+        penalised = p.has_penalties
+        if penalised and PENDING in ids[:position]:
+            raise ValueError("a penalised row's history holds a token not yet read back (async scheduling must "
+                             "read back before a penalised row is sampled)")
+        return cls(ids[:n_prompt] if penalised else (), ids[n_prompt:position] if penalised else (),
+                   p.presence_penalty, p.frequency_penalty, p.repetition_penalty, banned, p.logit_bias,
+                   p.allowed_token_ids, penalised)
 
 
 def inclusive_prefix_sum(x: torch.Tensor) -> torch.Tensor:
@@ -175,11 +232,12 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, *, ops) -> SamplerOutput:
     if len(batch) != logits.shape[0]:
         raise ValueError(f"the sampling batch has {len(batch)} rows for {logits.shape[0]} rows of logits")
     greedy = batch.greedy()
-    tokens = logits.argmax(dim=-1)
+    adjusted = logits if batch.adjust is None else adjust_logits(logits, batch.adjust)
+    tokens = adjusted.argmax(dim=-1)
     rows = [i for i in range(len(batch)) if not greedy[i]]
     if rows:
         tokens = tokens.index_copy(0, to_device(rows, torch.int64, logits.device),
-                                   _sample_rows(logits, rows, batch.select(rows), ops))
+                                   _sample_rows(adjusted, rows, batch.select(rows), ops))
     logprobs = ops.log_softmax(logits, dim=-1)
     ids, values = _top_logprobs(logprobs, batch.num_top_logprobs)
     return SamplerOutput(tokens, logprobs.gather(1, tokens[:, None])[:, 0], ids, values)
@@ -191,6 +249,96 @@ def _sample_rows(logits, rows: list[int], sub: SamplingBatch, ops) -> torch.Tens
     t = to_device(sub.temperature, torch.float32, logits.device)[:, None]
     filtered = filter_logits(picked / t, sub.top_k, sub.top_p, sub.min_p, ops)
     return _race(filtered, sub.seeds, sub.sample_indices, sub.positions)
+
+
+def adjust_logits(logits: torch.Tensor, adjust: list[RowAdjust | None]) -> torch.Tensor:
+    """`logits` [B, V] with each adjusting row's changes applied (vLLM's order); the other rows' bits untouched."""
+    rows = [i for i, a in enumerate(adjust) if a is not None]
+    index = to_device(rows, torch.int64, logits.device)
+    sub = [adjust[i] for i in rows]
+    x = logits.index_select(0, index)
+    x = _mask_disallowed(x, sub)
+    x = _mask_banned(x, sub)
+    x = _add_bias(x, sub)
+    if any(a.penalised for a in sub):
+        x = apply_penalties(x, sub)
+    return logits.index_copy(0, index, x)
+
+
+def _pairs(x: torch.Tensor, per_row: list[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, column) index tensors of each row's ids (ids < V only: one outside can never be drawn)."""
+    vocab = x.shape[-1]
+    r = [i for i, ids in enumerate(per_row) for t in ids if t < vocab]
+    c = [t for ids in per_row for t in ids if t < vocab]
+    return to_device(r, torch.int64, x.device), to_device(c, torch.int64, x.device)
+
+
+def _mask_disallowed(x: torch.Tensor, sub: list[RowAdjust]) -> torch.Tensor:
+    on = [i for i, a in enumerate(sub) if a.allowed_token_ids is not None]
+    if not on:
+        return x
+    keep = torch.ones_like(x, dtype=torch.bool)
+    keep[to_device(on, torch.int64, x.device)] = False
+    keep[_pairs(x, [a.allowed_token_ids or () for a in sub])] = True
+    return x.masked_fill(~keep, float("-inf"))
+
+
+def _mask_banned(x: torch.Tensor, sub: list[RowAdjust]) -> torch.Tensor:
+    if not any(a.banned for a in sub):
+        return x
+    x = x.clone()
+    x[_pairs(x, [a.banned for a in sub])] = float("-inf")
+    return x
+
+
+def _add_bias(x: torch.Tensor, sub: list[RowAdjust]) -> torch.Tensor:
+    """x[row, t] += bias at the listed tokens only (a dict: each (row, token) once, so no accumulation order)."""
+    biases = [a.logit_bias or {} for a in sub]
+    if not any(biases):
+        return x
+    where = _pairs(x, [list(b) for b in biases])
+    vocab = x.shape[-1]
+    values = to_device([v for b in biases for t, v in b.items() if t < vocab], torch.float32, x.device)
+    x = x.clone()
+    x[where] = x[where] + values
+    return x
+
+
+def token_counts(x: torch.Tensor, per_row: list[Sequence[int]]) -> torch.Tensor:
+    """[S, V] float32 count of each token in each row's ids: counted on the host by one sort (exact integers), then
+    written by unique index, so there is no accumulation order and no device sync."""
+    vocab, out = x.shape[-1], torch.zeros_like(x)
+    if not any(per_row):
+        return out
+    # array('q') then frombuffer: a Python int list becomes a tensor ~5x faster than through torch.tensor.
+    ids = torch.frombuffer(array.array("q", itertools.chain.from_iterable(per_row)), dtype=torch.int64)
+    rows = torch.repeat_interleave(torch.arange(len(per_row)), torch.tensor([len(r) for r in per_row]))
+    keep = ids < vocab  # an id outside the logits can never be drawn; counted, it would land in the next row
+    keys, counts = torch.unique(rows[keep] * vocab + ids[keep], return_counts=True)
+    out[_staged(keys // vocab, x.device), _staged(keys % vocab, x.device)] = _staged(counts.float(), x.device)
+    return out
+
+
+def _staged(t: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device` without a host sync (pinned and non_blocking on CUDA, as kernels.common.to_device)."""
+    return t.to(device) if device.type != "cuda" else t.pin_memory().to(device, non_blocking=True)
+
+
+def apply_penalties(x: torch.Tensor, sub: list[RowAdjust]) -> torch.Tensor:
+    """vLLM's penalties on [S, V] float32 logits, in its order and formulas:
+    repetition (tokens in the prompt or generated): x / r where x > 0, else x * r;
+    then x -= frequency * count and x -= presence * (count > 0), over generated tokens only.
+    r = 1, frequency = presence = 0 are exact identities, so a row's bits do not depend on its neighbours'."""
+    device = x.device
+    out = token_counts(x, [a.output_token_ids for a in sub])
+    seen = (token_counts(x, [a.prompt_token_ids for a in sub]) > 0) | (out > 0)
+    r = to_device([a.repetition_penalty for a in sub], torch.float32, device)[:, None]
+    r = torch.where(seen, r, torch.ones_like(x))
+    x = torch.where(x > 0, x / r, x * r)
+    freq = to_device([a.frequency_penalty for a in sub], torch.float32, device)[:, None]
+    presence = to_device([a.presence_penalty for a in sub], torch.float32, device)[:, None]
+    x = x - freq * out
+    return x - presence * (out > 0).to(x.dtype)
 
 
 class Sampler:

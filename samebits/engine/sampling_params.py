@@ -8,10 +8,12 @@ from functools import cached_property
 from samebits.engine.config import SEED_LIMIT
 
 MAX_LOGPROBS = 20
+# vLLM's and OpenAI's ranges: presence and frequency penalties in [-2, 2], a logit bias in [-100, 100].
+PENALTY_LIMIT = 2.0
+BIAS_LIMIT = 100.0
 
 # vLLM SamplingParams names samebits does not implement, so passing one names the gap instead of "unknown".
-NOT_IMPLEMENTED = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens",
-                   "prompt_logprobs", "bad_words", "allowed_token_ids", "logits_processors", "truncate_prompt_tokens",
+NOT_IMPLEMENTED = ("bad_words", "logits_processors", "truncate_prompt_tokens",
                    "guided_decoding", "structured_outputs", "spaces_between_special_tokens", "best_of", "output_kind",
                    "detokenize", "extra_args")
 
@@ -45,6 +47,16 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # The logits adjustments (sampler.adjust_logits), vLLM's semantics and order; the defaults change nothing.
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    # The prompt tokens' own logprobs (0; top-k alternatives are not implemented), computed by LLM.generate through
+    # the scoring path, so bit-equal to what decoding reports for the same tokens.
+    prompt_logprobs: int | None = None
 
     def __new__(cls, *args, **kwargs):
         # The dataclass __init__'s TypeError names neither the valid names nor whether vLLM has the unknown one.
@@ -61,6 +73,7 @@ class SamplingParams:
         self._check_floats()
         self._check_counts()
         self._check_stops()
+        self._check_adjustments()
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             value = getattr(self, name)
             _require(isinstance(value, bool), f"{name} must be a bool, got {value!r}")
@@ -90,6 +103,36 @@ class SamplingParams:
         _require(not any(s == "" for s in self.stop_strings), "stop strings must be non-empty")
         ids_ok = ids is None or (isinstance(ids, (list, tuple)) and all(_is_int(i) and i >= 0 for i in ids))
         _require(ids_ok, f"stop_token_ids must be None or a list of ints >= 0, got {ids!r}")
+
+    def _check_adjustments(self) -> None:
+        mt, bias, allowed = self.min_tokens, self.logit_bias, self.allowed_token_ids
+        _require(_is_int(mt) and 0 <= mt <= self.max_tokens,
+                 f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], got {mt!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            _require(_is_real(v) and -PENALTY_LIMIT <= v <= PENALTY_LIMIT,
+                     f"{name} must be in [-{PENALTY_LIMIT}, {PENALTY_LIMIT}], got {v!r}")
+        r = self.repetition_penalty
+        _require(_is_real(r) and math.isfinite(r) and r > 0, f"repetition_penalty must be finite and > 0, got {r!r}")
+        bias_ok = bias is None or (isinstance(bias, dict) and all(
+            _is_int(t) and t >= 0 and _is_real(b) and -BIAS_LIMIT <= b <= BIAS_LIMIT for t, b in bias.items()))
+        _require(bias_ok, f"logit_bias must be None or a dict of token id >= 0 to a bias in [-{BIAS_LIMIT}, "
+                          f"{BIAS_LIMIT}], got {bias!r}")
+        allowed_ok = allowed is None or (isinstance(allowed, (list, tuple)) and len(allowed) > 0 and all(
+            _is_int(t) and t >= 0 for t in allowed))
+        _require(allowed_ok, f"allowed_token_ids must be None or a non-empty list of ints >= 0, got {allowed!r}")
+        pl = self.prompt_logprobs
+        _require(pl is None or (_is_int(pl) and pl == 0), f"prompt_logprobs must be None or 0 (the prompt tokens' own "
+                 f"logprobs; their top-k alternatives are not implemented), got {pl!r}")
+
+    @cached_property
+    def adjusts_logits(self) -> bool:
+        """Whether any adjustment is on; the sampler runs none of their kernels for a batch where no row's is."""
+        return bool(self.min_tokens or self.has_penalties or self.logit_bias or self.allowed_token_ids)
+
+    @cached_property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     @cached_property  # read every step by the scheduler; cached_property works on frozen dataclasses
     def stop_strings(self) -> tuple[str, ...]:
@@ -124,3 +167,11 @@ def check_context_length(prompt_len: int, max_tokens: int, max_model_len: int, w
             f"This model's maximum context length is {limit} tokens. However, you requested "
             f"{prompt_len + max_tokens} tokens ({prompt_len} in the {where}, {max_tokens} in the completion). "
             f"Please reduce the length of the {where} or completion.", "max_tokens")
+
+
+def check_vocab(params: SamplingParams, vocab_size: int) -> None:
+    """The token ids a SamplingParams names for the sampler (logit_bias's keys, allowed_token_ids) must be in the
+    model's vocabulary, which SamplingParams cannot know; the sampler indexes logits with them."""
+    for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ())):
+        bad = [t for t in ids if t >= vocab_size]
+        _require(not bad, f"{name}: token id {bad[0] if bad else 0} is outside the vocabulary [0, {vocab_size})")

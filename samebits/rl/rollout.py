@@ -19,7 +19,7 @@ from samebits.rl.sampling import per_row_params, token_logprobs
 def completions_of(outputs) -> tuple[list[list[int]], list[list[float]]]:
     """Token ids and reported logprobs of every sample of `LLM.generate`'s outputs, in order."""
     tokens = [list(c.token_ids) for out in outputs for c in out.outputs]
-    return tokens, [list(c.logprobs) for out in outputs for c in out.outputs]
+    return tokens, [list(c.token_logprobs) for out in outputs for c in out.outputs]
 
 
 def engine_logprobs(llm, prompts: list[list[int]], completions: list[list[int]],

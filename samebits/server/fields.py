@@ -1,7 +1,7 @@
 """The field policy, one place: every field of the OpenAI and vLLM request vocabulary is implemented (a typed field of
 `protocol`), refused with a 400 that names it (below), or bookkeeping that changes no output (below).
 
-A refused field sent with a neutral value is accepted, because clients send defaults (`presence_penalty: 0`,
+A refused field sent with a neutral value is accepted, because clients send defaults (`length_penalty: 1`,
 `tools: []`); null is always neutral. A field outside the vocabulary is refused too, naming it: vLLM ignores unknown
 fields with a warning, but a misspelt or newer sampling field that is silently ignored changes the answer without a
 word, which a server whose every output is a function of the request cannot allow.
@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from samebits.server.errors import invalid
 
-# name -> its neutral values. Sampling changes samebits does not make: penalties, biases, constrained decoding.
+# name -> its neutral values. Sampling changes samebits does not make: beam search, word bans, constrained decoding.
 _SAMPLING = {
-    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "length_penalty": (1,),
-    "logit_bias": ({},), "min_tokens": (0,), "bad_words": ([],), "allowed_token_ids": (), "logits_processors": ([],),
+    "length_penalty": (1,), "bad_words": ([],), "logits_processors": ([],),
     "use_beam_search": (False,), "truncate_prompt_tokens": (), "spaces_between_special_tokens": (True,),
     "prompt_logprobs": (), "return_tokens_as_token_ids": (False,),
     "response_format": ({"type": "text"},), "structured_outputs": (), "guided_json": (), "guided_regex": (),

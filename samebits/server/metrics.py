@@ -3,11 +3,18 @@
 Names are vLLM's (`vllm:num_requests_running` is `samebits:num_requests_running` here) and every series carries the
 `model_name` label, so dashboards built for vLLM read them unchanged. Engine state (running/waiting, KV usage, prefix
 cache, preemptions) is read at scrape time from the snapshot the engine thread takes after each step; token counters
-come from the AsyncEngine; latencies are observed per request.
+come from the AsyncEngine; latencies and per-request sizes are observed as the outputs reach the event loop, per
+sample where vLLM counts per (child) request: finish reasons, generated tokens, inter-token latency.
+
+vLLM's `request_queue_time_seconds` and `request_prefill_time_seconds` are not exported: they need the time a request
+was first scheduled, which no engine output carries yet (docs/grafana.json says which panels stay empty).
 """
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -16,6 +23,11 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "samebits:"
 MODEL_LABEL = "model_name"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+# vLLM's inter-token buckets: decode steps are milliseconds apart.
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0)
+# Token counts per request: 1-2-5 steps, as vLLM's, up to a long context.
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
 
 class _EngineCollector:
@@ -57,6 +69,61 @@ class _EngineCollector:
         return family
 
 
+@dataclass
+class _Progress:
+    """What the metrics remember of one request between its outputs."""
+
+    first: float
+    last: float
+    generated: int
+
+
+class _RequestMetrics:
+    """The per-output series: inter-token latency per token, and at the end each sample's finish reason and size."""
+
+    def __init__(self, registry, model_name: str) -> None:
+        def hist(name: str, doc: str, buckets):
+            return Histogram(PREFIX + name, doc, [MODEL_LABEL], buckets=buckets, registry=registry).labels(model_name)
+
+        # Both of vLLM's names for one series: its dashboard reads the older, its newer releases export the newer.
+        self.itl = (hist("inter_token_latency_seconds", "Time between consecutive output tokens.", ITL_BUCKETS),
+                    hist("time_per_output_token_seconds", "Time between consecutive output tokens (vLLM's older "
+                         "name for inter_token_latency_seconds).", ITL_BUCKETS))
+        self.decode = hist("request_decode_time_seconds", "Time from a request's first token to its last.",
+                           LATENCY_BUCKETS)
+        self.prompt = hist("request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
+        self.generation = hist("request_generation_tokens", "Generated tokens per sample.", TOKEN_BUCKETS)
+        self.max_generation = hist("request_max_num_generation_tokens", "Most tokens any sample of a request "
+                                   "generated.", TOKEN_BUCKETS)
+        self._success = Counter(PREFIX + "request_success", "Samples finished, by finish reason.",
+                                [MODEL_LABEL, "finished_reason"], registry=registry)
+        self.model_name = model_name
+        # Keyed by the AsyncEngine's stream: an entry goes when its request does, finished or not.
+        self._progress: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def observe(self, out, stream) -> None:
+        now = time.monotonic()
+        generated = sum(len(c.token_ids) for c in out.outputs)
+        seen = self._progress.get(stream)
+        if seen is None:
+            seen = self._progress[stream] = _Progress(now, now, generated)
+        else:
+            for _ in range(generated - seen.generated):  # one observation per output token
+                for h in self.itl:
+                    h.observe(now - seen.last)
+            seen.last, seen.generated = now, generated
+        if out.finished:
+            self._finish(out, now - seen.first)
+
+    def _finish(self, out, decode_s: float) -> None:
+        self.decode.observe(decode_s)
+        self.prompt.observe(len(out.prompt_token_ids))
+        self.max_generation.observe(max((len(c.token_ids) for c in out.outputs), default=0))
+        for c in out.outputs:
+            self.generation.observe(len(c.token_ids))
+            self._success.labels(self.model_name, c.finish_reason or "abort").inc()
+
+
 class Metrics:
     def __init__(self, async_engine, model_name: str) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -75,6 +142,7 @@ class Metrics:
         # Observed per engine request by the AsyncEngine, which sees each output first.
         async_engine.on_first_output = self.ttft.observe
         async_engine.on_finished = self.e2e.observe
+        async_engine.on_output = _RequestMetrics(self.registry, model_name).observe
 
     def http_error(self, status: int) -> None:
         self._http_errors.labels(self.model_name, str(status)).inc()

@@ -37,6 +37,12 @@ class _Sampling(_Base):
     user: str | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    min_tokens: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # OpenAI's JSON: token ids as strings
+    allowed_token_ids: list[int] | None = None
 
 
 class CompletionRequest(_Sampling):

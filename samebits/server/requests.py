@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from samebits.engine.prompts import ChatTemplateError, render_chat
-from samebits.engine.sampling_params import ContextLengthError, SamplingParams
+from samebits.engine.sampling_params import ContextLengthError, SamplingParams, check_vocab
 from samebits.server.errors import APIError, field_of, invalid, too_large, validation_message
 from samebits.server.fields import check_fields
 from samebits.server.protocol import ChatMessage, ChatRequest, CompletionRequest
@@ -125,6 +125,8 @@ def _check_limits(req, max_n: int, max_stop: int, vocab_size: int) -> None:
         if not 0 <= t < vocab_size:
             raise invalid(f"stop_token_ids: token id {t} is outside the vocabulary [0, {vocab_size})",
                           "stop_token_ids")
+    if req.allowed_token_ids is not None and len(req.allowed_token_ids) > vocab_size:
+        raise invalid(f"allowed_token_ids may hold at most {vocab_size} ids (the vocabulary)", "allowed_token_ids")
 
 
 def _check_logprobs(value: int | None, limit: int, param: str) -> None:
@@ -135,7 +137,8 @@ def _check_logprobs(value: int | None, limit: int, param: str) -> None:
 def _check_completion(req: CompletionRequest, max_logprobs: int) -> None:
     _check_logprobs(req.logprobs, max_logprobs, "logprobs")
     if req.echo and req.logprobs is not None:
-        raise invalid("echo together with logprobs is not supported (no prompt logprobs)", "echo")
+        raise invalid("echo together with logprobs is not supported: the server has no prompt logprobs yet (the "
+                      "offline API has them: SamplingParams(prompt_logprobs=0))", "echo")
     if req.best_of is not None and req.best_of != (req.n or 1):
         raise invalid(f"best_of must equal n ({req.n or 1}) in samebits, got {req.best_of}", "best_of")
 
@@ -173,15 +176,38 @@ def _sampling_params(req, max_tokens: int, seed: int, logprobs: int | None,
             min_p=0.0 if req.min_p is None else req.min_p, max_tokens=max_tokens, stop=stop_list(req.stop) or None,
             stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, seed=seed, n=req.n or 1,
             logprobs=logprobs, include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens)
+            skip_special_tokens=req.skip_special_tokens, **_adjustments(req))
     except ValueError as e:
         message, field = str(e), field_of(str(e))
         name = fields.get(field, field)
         raise invalid(name + message[len(field):] if field else message, name) from None
 
 
+def _adjustments(req) -> dict:
+    """The logits adjustments the request sets (unset ones keep SamplingParams' defaults)."""
+    names = ("min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "allowed_token_ids")
+    out = {name: getattr(req, name) for name in names if getattr(req, name) is not None}
+    if req.logit_bias is not None:
+        out["logit_bias"] = _logit_bias(req.logit_bias)
+    return out
+
+
+def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
+    out = {}
+    for key, value in bias.items():
+        try:
+            out[int(key)] = value
+        except ValueError:
+            raise invalid(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+    return out
+
+
 def _engine_checked(state: ServerState, subs: list[Sub], params: SamplingParams, where: str) -> None:
     """The engine's check of each prompt (token ids, context length), before any of them is queued."""
+    try:
+        check_vocab(params, state.vocab_size)
+    except ValueError as e:
+        raise invalid(str(e), field_of(str(e))) from None
     for sub in subs:
         try:
             state.engine.validate(sub.ids, params, where)

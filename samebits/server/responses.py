@@ -126,17 +126,17 @@ def _choice_index(job: Job, i: int, c) -> int:
 
 
 def _text_logprobs(state: ServerState, c, ids: list[int], start: int, offset: int) -> dict | None:
-    if c.logprobs is None:
+    if c.token_logprobs is None:
         return None
     tops = None if c.top_logprobs is None else c.top_logprobs[start:start + len(ids)]
-    return completion_logprobs(state.token_text, ids, c.logprobs[start:start + len(ids)], tops, offset)
+    return completion_logprobs(state.token_text, ids, c.token_logprobs[start:start + len(ids)], tops, offset)
 
 
 def _chat_logprobs(state: ServerState, c, ids: list[int], start: int) -> dict | None:
-    if c.logprobs is None:
+    if c.token_logprobs is None:
         return None
     tops = None if c.top_logprobs is None else c.top_logprobs[start:start + len(ids)]
-    return chat_logprobs(state.token_text, ids, c.logprobs[start:start + len(ids)], tops)
+    return chat_logprobs(state.token_text, ids, c.token_logprobs[start:start + len(ids)], tops)
 
 
 def _prompt_text(state: ServerState, sub: Sub) -> str:

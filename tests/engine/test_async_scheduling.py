@@ -24,7 +24,8 @@ def engine(loaded, overlap: bool, **kw) -> LLMEngine:
 
 
 def workload(seed: int) -> list[tuple[list[int], SamplingParams]]:
-    """Shared prefixes, greedy and sampled rows, n=2, stop strings and ids, eos, top logprobs, varied lengths."""
+    """Shared prefixes, greedy and sampled rows, n=2, stop strings and ids, eos, top logprobs, varied lengths;
+    penalties (the engine reads back before a penalised row samples), min_tokens and logit_bias."""
     import random
 
     rng = random.Random(seed)
@@ -35,7 +36,9 @@ def workload(seed: int) -> list[tuple[list[int], SamplingParams]]:
         params = SamplingParams(temperature=rng.choice([0.0, 0.8, 1.0]), top_p=rng.choice([1.0, 0.9]),
                                 seed=rng.randrange(1 << 30), n=rng.choice([1, 1, 2]),
                                 max_tokens=rng.randrange(1, 24), ignore_eos=rng.random() < 0.5,
-                                logprobs=rng.choice([None, 0, 2]), stop=rng.choice([None, ["e"], ["th"]]))
+                                logprobs=rng.choice([None, 0, 2]), stop=rng.choice([None, ["e"], ["th"]]),
+                                presence_penalty=rng.choice([0.0, 0.0, 0.5]), min_tokens=rng.choice([0, 1]),
+                                logit_bias=rng.choice([None, {5: 3.0}]))
         reqs.append((prompt, params))
     return reqs
 
@@ -52,7 +55,7 @@ def run(eng: LLMEngine, reqs) -> dict:
         eng.scheduler.check_integrity()
     assert eng._inflight is None and not eng.scheduler._pending, "an idle engine holds no step in flight"
     assert eng.scheduler.bm.num_free_blocks == eng.scheduler.bm.num_blocks
-    return {rid: [(c.token_ids, bits(c.logprobs), c.top_logprobs, c.text, c.finish_reason, c.stop_reason)
+    return {rid: [(c.token_ids, bits(c.token_logprobs), c.top_logprobs, c.text, c.finish_reason, c.stop_reason)
                   for c in out.outputs] for rid, out in final.items()}, ahead
 
 
@@ -95,7 +98,7 @@ def run_tolerant(eng, reqs):
     while eng.has_unfinished_requests():
         for out in eng.step():
             if out.finished:
-                final[out.request_id] = [(c.token_ids, bits(c.logprobs)) for c in out.outputs]
+                final[out.request_id] = [(c.token_ids, bits(c.token_logprobs)) for c in out.outputs]
     return final, None
 
 

@@ -77,7 +77,7 @@ def test_graph_replay_equals_eager_on_cuda(tmp_path):
         llm = LLM(model=str(ckpt), device="cuda", cuda_graphs=graphs, kv_cache_tokens=16384, max_num_seqs=32)
         outs = llm.generate(prompts, params, use_tqdm=False)
         # Logprobs as int32 bit patterns: == on floats would let a -0.0 / 0.0 difference pass.
-        runs[graphs] = [(o.outputs[0].token_ids, float32_bits(o.outputs[0].logprobs)) for o in outs]
+        runs[graphs] = [(o.outputs[0].token_ids, float32_bits(o.outputs[0].token_logprobs)) for o in outs]
         if graphs:
             assert llm.engine.runner.graphs.graphs, "no graph was captured"
     assert runs[True] == runs[False]

@@ -50,7 +50,7 @@ def prompts(n: int, seed: int, lo: int = 3, hi: int = 60) -> list[list[int]]:
 
 def key(out) -> list[tuple]:
     """Token ids and the exact float32 bits of every logprob, per sample."""
-    return [(tuple(c.token_ids), torch.tensor(c.logprobs, dtype=torch.float32).view(torch.int32).tolist())
+    return [(tuple(c.token_ids), torch.tensor(c.token_logprobs, dtype=torch.float32).view(torch.int32).tolist())
             for c in out.outputs]
 
 
@@ -125,7 +125,7 @@ def test_generate_logprobs_equal_teacher_forced_score(llm):
     for p, out in zip(ps, llm.generate(ps, SAMPLED, use_tqdm=False)):
         c = out.outputs[0]
         scored = llm.score(p, c.token_ids)
-        assert torch.equal(torch.tensor(scored, dtype=torch.float32), torch.tensor(c.logprobs, dtype=torch.float32))
+        assert torch.equal(torch.tensor(scored, dtype=torch.float32), torch.tensor(c.token_logprobs, dtype=torch.float32))
 
 
 def test_preemption_gives_the_same_outputs(ckpt, device):
@@ -174,3 +174,41 @@ def test_drawn_seed_is_reported_and_replays(llm):
 def test_negative_control_fast_mode_is_caught(fast):
     """Vendor CPU kernels change with the batch: the same comparisons that pass above must catch it."""
     assert needle_mismatches(fast) + alone_vs_together_mismatches(fast) > 0
+
+
+def test_prompt_logprobs_equal_decode_logprobs_and_score_has_a_clear_name(llm):
+    p = prompts(1, seed=12)[0]
+    c = llm.generate([p], SAMPLED, use_tqdm=False)[0].outputs[0]
+    again = llm.generate([p + c.token_ids], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    steps = again.prompt_logprobs
+    assert steps[0] is None and len(steps) == len(p) + len(c.token_ids)
+    got = [steps[len(p) + i][t].logprob for i, t in enumerate(c.token_ids)]
+    assert torch.equal(torch.tensor(got, dtype=torch.float32), torch.tensor(c.token_logprobs, dtype=torch.float32))
+    assert llm.teacher_forced_logprobs(p, c.token_ids) == llm.score(p, c.token_ids) == c.token_logprobs
+
+
+def test_logprobs_are_vllm_shaped(llm):
+    out = llm.generate(prompts(1, seed=13), SamplingParams(temperature=0.9, seed=1, max_tokens=5, logprobs=3,
+                                                           ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    assert len(out.logprobs) == len(out.token_ids) == 5
+    for i, (step, token) in enumerate(zip(out.logprobs, out.token_ids, strict=True)):
+        assert step[token].logprob == out.token_logprobs[i]
+        tops = list(out.top_logprobs[i].items())
+        assert [(step[t].logprob, step[t].rank) for t, _ in tops] == [(lp, r) for r, (_, lp) in enumerate(tops, 1)]
+        assert step[token].decoded_token == llm.tokenizer.decode([token], skip_special_tokens=False)
+
+
+def test_penalised_request_alone_equals_batched(llm):
+    """The penalties read each row's own history through the runner: batching and neighbours change no bit."""
+    # Greedy on a random model repeats itself, so the penalties move tokens (the negative control below).
+    params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=0, ignore_eos=True,
+                            presence_penalty=2.0, frequency_penalty=1.0, repetition_penalty=1.5)
+    p = prompts(1, seed=14)[0]
+    alone = key(llm.generate([p], params, use_tqdm=False)[0])
+    others = prompts(5, seed=15)
+    mixed = [params if i % 2 else SAMPLED for i in range(5)]
+    outs = llm.generate(others[:2] + [p] + others[2:], mixed[:2] + [params] + mixed[2:], use_tqdm=False)
+    assert key(outs[2]) == alone
+    plain = key(llm.generate([p], SamplingParams(temperature=0.0, max_tokens=10, logprobs=0, ignore_eos=True),
+                             use_tqdm=False)[0])
+    assert plain != alone  # negative control: the penalties act on this prompt

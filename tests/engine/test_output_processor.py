@@ -40,6 +40,8 @@ def feed(tokens, max_model_len=64, **params):
     ([3, 4], {"max_tokens": 2}, ("length", None)),
     ([3, 4], {"max_tokens": 2, "stop": ["DE"]}, ("stop", "DE")),  # the last allowed token completes a stop: stop
     ([3, 4], {"max_tokens": 9}, None),
+    ([3, 4, 3], {"stop": ["D"], "min_tokens": 2}, ("stop", "D")),  # as vLLM: no stop string before min_tokens
+    ([3, 4], {"stop": ["D"], "min_tokens": 2}, None),
 ])
 def test_every_stop_rule(tokens, params, want):
     _, seq, finished = feed(tokens, **params)

@@ -11,7 +11,7 @@ from samebits import LLM, SamplingParams
 llm = LLM(model=sys.argv[1], device="cpu", kv_cache_tokens=4096, max_model_len=512)
 outs = llm.generate([[5, 6, 7] * 9, [11] * 40], SamplingParams(temperature=0.9, seed=int(sys.argv[2]), max_tokens=12,
                                                                 logprobs=0, ignore_eos=True), use_tqdm=False)
-print(json.dumps([[o.outputs[0].token_ids, torch.tensor(o.outputs[0].logprobs).view(torch.int32).tolist()]
+print(json.dumps([[o.outputs[0].token_ids, torch.tensor(o.outputs[0].token_logprobs).view(torch.int32).tolist()]
                   for o in outs]))
 """
 

@@ -259,3 +259,162 @@ def test_cuda_tokens_equal_cpu():
     cuda = S.sample(logits, batch, ops=get_ops("deterministic", "cuda"))
     assert cuda.token_ids.is_cuda
     assert_same_bits(cuda.token_ids, cpu.token_ids, "tokens cuda vs cpu")
+
+
+# ---- logits adjustments: min_tokens, logit_bias, allowed_token_ids, penalties ----------------------------------
+@dataclass
+class History:
+    token_ids: list[int]
+    num_prompt_tokens: int
+
+
+def random_history(rnd: random.Random, vocab=VOCAB) -> History:
+    # Few distinct ids, so tokens repeat and counts above 1 are exercised.
+    pool = [rnd.randrange(vocab) for _ in range(12)]
+    n_prompt, n_out = rnd.randrange(1, 20), rnd.randrange(0, 30)
+    return History([rnd.choice(pool) for _ in range(n_prompt + n_out)], n_prompt)
+
+
+def penalised_params(rnd: random.Random) -> SamplingParams:
+    return SamplingParams(temperature=rnd.choice([0.0, 0.7, 1.0]), top_k=rnd.choice([-1, 40]),
+                          presence_penalty=rnd.uniform(-2, 2), frequency_penalty=rnd.uniform(-2, 2),
+                          repetition_penalty=rnd.uniform(0.5, 2.0))
+
+
+def vllm_penalties_reference(logits, prompt, output, presence, frequency, repetition):
+    """vLLM's apply_penalties written plainly: bincount masks and counts, one row at a time."""
+    vocab = logits.shape[-1]
+    out_counts = torch.bincount(torch.tensor(output, dtype=torch.int64), minlength=vocab)
+    seen = (torch.bincount(torch.tensor(prompt, dtype=torch.int64), minlength=vocab) > 0) | (out_counts > 0)
+    penalties = torch.where(seen, torch.tensor(repetition, dtype=torch.float32), torch.tensor(1.0))
+    x = torch.where(logits > 0, logits / penalties, logits * penalties)
+    x = x - torch.tensor(frequency, dtype=torch.float32) * out_counts
+    return x - torch.tensor(presence, dtype=torch.float32) * (out_counts > 0)
+
+
+def adjusted(logits, params, histories, eos=()):
+    positions = [len(h.token_ids) for h in histories]
+    batch = S.SamplingBatch.of(params, [0] * len(params), [0] * len(params), positions, histories, eos)
+    return S.adjust_logits(logits, batch.adjust)
+
+
+def test_penalties_match_the_vllm_formulas(seed):
+    rnd = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(6, VOCAB, generator=g) * 3
+    params = [penalised_params(rnd) for _ in range(6)]
+    histories = [random_history(rnd) for _ in range(6)]
+    got = adjusted(logits, params, histories)
+    for i, (p, h) in enumerate(zip(params, histories, strict=True)):
+        want = vllm_penalties_reference(logits[i], h.token_ids[:h.num_prompt_tokens], h.token_ids[h.num_prompt_tokens:],
+                                        p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
+        assert_same_bits(got[i], want, f"row {i}")
+
+
+def test_bias_allowed_and_min_tokens_follow_vllm():
+    logits = torch.zeros(3, 8)
+    params = [SamplingParams(logit_bias={3: 5.0, 100: 1.0}), SamplingParams(allowed_token_ids=[1, 6]),
+              SamplingParams(min_tokens=2, stop_token_ids=[4])]
+    histories = [History([0], 1), History([0], 1), History([0, 5], 1)]  # row 2 has 1 generated token of 2
+    got = adjusted(logits, params, histories, eos=(7,))
+    assert got[0].tolist() == [0, 0, 0, 5, 0, 0, 0, 0]  # an id outside the vocab can never be drawn: ignored
+    assert torch.isfinite(got[1]).tolist() == [False, True, False, False, False, False, True, False]
+    assert torch.isinf(got[2]).nonzero().flatten().tolist() == [4, 7]
+    reached = adjusted(logits[2:], params[2:], [History([0, 5, 5], 1)], eos=(7,))
+    assert_same_bits(reached, logits[2:], "min_tokens reached: nothing masked")
+    ignore = adjusted(logits[2:], [SamplingParams(min_tokens=2, ignore_eos=True)], [History([0], 1)], eos=(7,))
+    assert torch.isinf(ignore[0]).nonzero().flatten().tolist() == []
+
+
+def test_greedy_takes_the_argmax_of_the_penalised_logits():
+    logits = torch.tensor([[0.0, 3.0, 2.9, 0.0]])
+    params = [SamplingParams(temperature=0.0, repetition_penalty=2.0)]
+    batch = S.SamplingBatch.of(params, [0], [0], [2], [History([1, 1], 2)])
+    out = S.sample(logits, batch, ops=OPS)
+    assert int(out.token_ids[0]) == 2
+    # The reported logprob stays that of the raw logits (vLLM's raw_logprobs).
+    assert_same_bits(out.logprobs, OPS.log_softmax(logits, -1)[:, 2], "raw logprob")
+
+
+def run_rows(rows: list[tuple[torch.Tensor, SamplingParams, History, int]]) -> S.SamplerOutput:
+    params = [p for _, p, _, _ in rows]
+    histories = [h for _, _, h, _ in rows]
+    batch = S.SamplingBatch.of(params, [s for *_, s in rows], [0] * len(rows),
+                               [len(h.token_ids) for h in histories], histories, (2,))
+    return S.sample(torch.stack([x for x, *_ in rows]), batch, ops=OPS)
+
+
+def random_adjusted_row(rnd: random.Random):
+    g = torch.Generator().manual_seed(rnd.getrandbits(62))
+    p = rnd.choice([penalised_params(rnd), SamplingParams(**rnd.choice(PARAM_MENU)),
+                    SamplingParams(temperature=0.9, logit_bias={rnd.randrange(VOCAB): 3.0}, min_tokens=50,
+                                   max_tokens=64)])
+    return torch.randn(VOCAB, generator=g) * 2, p, random_history(rnd), rnd.getrandbits(64)
+
+
+def test_penalised_row_alone_equals_row_in_batches_and_the_penalty_matters(seed):
+    rnd = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    # Flat-ish logits, penalties large: the penalised tokens move, so the negative control is caught.
+    logits = torch.randn(VOCAB, generator=g) * 0.1
+    h = random_history(rnd)
+    needle = (logits, SamplingParams(temperature=1.0, presence_penalty=2.0, frequency_penalty=1.5,
+                                     repetition_penalty=1.8), h, rnd.getrandbits(64))
+    alone = run_rows([needle])
+    for n in (2, 5, 16, 33):
+        rows = [random_adjusted_row(rnd) for _ in range(n - 1)]
+        at = rnd.randrange(n)
+        rows.insert(at, needle)
+        out = run_rows(rows)
+        for f in FIELDS:
+            assert_same_bits(getattr(out, f)[at], getattr(alone, f)[0], f"{f} at {at} of {n}")
+    # Negative control: a batch-coupled variant (the neighbours' histories counted too) changes the row.
+    coupled = History(h.token_ids + [t for _ in range(3) for t in random_history(rnd).token_ids[1:]],
+                      h.num_prompt_tokens)
+    keys = [adjusted(logits[None], [needle[1]], [x])[0] for x in (h, coupled)]
+    assert not torch.equal(keys[0], keys[1])
+
+
+def test_rows_without_adjustments_keep_their_bits_and_skip_the_stage(seed):
+    rnd = random.Random(seed)
+    plain = [random_row(rnd) for _ in range(7)]
+    base = run(ours, plain, k=0)
+    params = [SamplingParams(**r.params) for r in plain]
+    batch = S.SamplingBatch.of(params, [r.seed for r in plain], [r.sample_index for r in plain],
+                               [r.position for r in plain], None)
+    assert batch.adjust is None  # no row adjusts: no histories read, no adjustment kernels
+    rows = [(r.logits, p, History([1], 1), r.seed) for r, p in zip(plain, params, strict=True)]
+    rows.insert(3, random_adjusted_row(rnd))
+    mixed = S.SamplingBatch.of([p for _, p, _, _ in rows], [s for *_, s in rows],
+                               [r.sample_index for r in plain[:3]] + [0] + [r.sample_index for r in plain[3:]],
+                               [r.position for r in plain[:3]] + [len(rows[3][2].token_ids)] +
+                               [r.position for r in plain[3:]], [h for _, _, h, _ in rows], (2,))
+    out = S.sample(torch.stack([x for x, *_ in rows]), mixed, ops=OPS)
+    keep = [0, 1, 2, 4, 5, 6, 7]
+    for f in FIELDS:
+        assert_same_bits(getattr(out, f)[keep], getattr(base, f), f)
+
+
+def test_adjustment_parameters_are_checked():
+    for kwargs, field_name in (({"presence_penalty": 2.5}, "presence_penalty"),
+                               ({"frequency_penalty": -3}, "frequency_penalty"),
+                               ({"repetition_penalty": 0.0}, "repetition_penalty"),
+                               ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
+                               ({"logit_bias": {1: 101.0}}, "logit_bias"), ({"logit_bias": {"1": 1.0}}, "logit_bias"),
+                               ({"allowed_token_ids": []}, "allowed_token_ids")):
+        with pytest.raises(ValueError, match=field_name):
+            SamplingParams(**kwargs)
+    with pytest.raises(ValueError, match="history has 1 tokens"):
+        S.SamplingBatch.of([SamplingParams(repetition_penalty=1.1)], [0], [0], [5], [History([1], 1)])
+
+
+@pytest.mark.gpu
+def test_cuda_adjusted_rows_equal_cpu():
+    rnd = random.Random(22)
+    rows = [random_adjusted_row(rnd) for _ in range(32)]
+    cpu = run_rows(rows)
+    params, histories = [p for _, p, _, _ in rows], [h for _, _, h, _ in rows]
+    batch = S.SamplingBatch.of(params, [s for *_, s in rows], [0] * len(rows),
+                               [len(h.token_ids) for h in histories], histories, (2,))
+    cuda = S.sample(torch.stack([x for x, *_ in rows]).cuda(), batch, ops=get_ops("deterministic", "cuda"))
+    assert_same_bits(cuda.token_ids.cpu(), cpu.token_ids, "adjusted tokens cuda vs cpu")

@@ -1,6 +1,6 @@
 import pytest
 
-from samebits.engine.outputs import CompletionOutput, RequestOutput
+from samebits.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from samebits.engine.sampling_params import ContextLengthError, SamplingParams, check_context_length
 from samebits.engine.sequence import Sequence, SequenceStatus, make_sequences
 
@@ -60,7 +60,7 @@ def test_top_k_zero_is_off_as_in_vllm():
 
 @pytest.mark.parametrize("name, words", [
     ("temprature", ["'temprature' is unknown", "temperature", "top_k", "skip_special_tokens"]),
-    ("presence_penalty", ["'presence_penalty' is a vLLM field samebits does not implement", "temperature"]),
+    ("bad_words", ["'bad_words' is a vLLM field samebits does not implement", "temperature"]),
 ])
 def test_unknown_names_are_named_with_the_valid_ones(name, words):
     with pytest.raises(TypeError) as err:
@@ -78,6 +78,19 @@ def test_outputs_shape():
     assert not c.finished()
     r = RequestOutput("r", "p", [3], [c], num_cached_tokens=0, seed=7, fingerprint="abc")
     assert r.outputs[0].token_ids == [1, 2] and not r.finished
+
+
+def test_logprobs_in_vllms_shape():
+    """logprobs[i][token_id] -> Logprob; the top-k carry their rank and win over the sampled entry, as in vLLM."""
+    c = CompletionOutput(0, "ab", [5, 6], [-0.5, -2.0], [{5: -0.5, 9: -1.0}, {9: -0.25, 4: -1.5}],
+                         decode=lambda ids: f"<{ids[0]}>")
+    lp = c.logprobs
+    assert len(lp) == 2 and lp[0][5] == Logprob(-0.5, 1, "<5>") and lp[0][9].rank == 2
+    assert lp[1][6] == Logprob(-2.0, None, "<6>")  # sampled outside the top-k: its rank is not read back
+    assert list(lp[1]) == [6, 9, 4] and lp[-1] == lp[1] and lp[:1] == [lp[0]]
+    assert [step[t].logprob for step, t in zip(lp, c.token_ids)] == c.token_logprobs
+    assert CompletionOutput(0, "", [1], None).logprobs is None
+    assert CompletionOutput(0, "", [1], [-1.0]).logprobs[0][1].decoded_token is None
 
 
 def test_sequences_of_a_request():

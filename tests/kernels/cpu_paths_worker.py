@@ -96,7 +96,7 @@ def engine_check() -> str:
 
         def key(o):
             c = o.outputs[0]
-            return c.token_ids, torch.tensor(c.logprobs, dtype=torch.float32).view(torch.int32).tolist()
+            return c.token_ids, torch.tensor(c.token_logprobs, dtype=torch.float32).view(torch.int32).tolist()
 
         alone = key(llm.generate([needle], params, use_tqdm=False)[0])
         busy = llm.generate(fillers[:11] + [needle] + fillers[11:], params, use_tqdm=False)

@@ -34,7 +34,7 @@ prompts = ["What is the capital of France?", "Write a haiku about rain.", "def f
 params = SamplingParams(temperature=0.0, max_tokens=16, logprobs=0, ignore_eos=True)
 outs = llm.chat([[{"role": "user", "content": p}] for p in prompts[:2]], params, use_tqdm=False)
 outs += llm.generate(prompts[2:], params, use_tqdm=False)
-rows = [[o.outputs[0].token_ids, torch.tensor(o.outputs[0].logprobs, dtype=torch.float32).view(torch.int32).tolist()]
+rows = [[o.outputs[0].token_ids, torch.tensor(o.outputs[0].token_logprobs, dtype=torch.float32).view(torch.int32).tolist()]
         for o in outs]
 from samebits.runtime import mkl
 print(json.dumps({"hash": hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16], "rows": rows,

@@ -53,7 +53,7 @@ def test_update_weights_then_responses_are_the_new_policy(locked, tmp_path):
     assert sample.text == out["choices"][0]["text"]
     with deterministic_runtime():
         trained = Policy.from_pretrained(new, device="cpu").logprobs([PROMPT], [sample.token_ids])[0]
-    assert bits(out["choices"][0]["logprobs"]["token_logprobs"]) == bits(trained.detach()) == bits(sample.logprobs)
+    assert bits(out["choices"][0]["logprobs"]["token_logprobs"]) == bits(trained.detach()) == bits(sample.token_logprobs)
 
 
 @pytest.mark.parametrize("body, status, match", [

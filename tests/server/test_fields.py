@@ -11,13 +11,14 @@ from tests.server.test_bad_inputs import CHAT, CMPL, c, ch, check_error
 
 PATH = {"completions": CMPL, "chat": CHAT}
 # Values a client would really send; the rest of the table gets a value that is neutral for none of them.
-REAL = {"presence_penalty": 0.5, "frequency_penalty": -0.3, "repetition_penalty": 1.2, "logit_bias": {"5": 10},
-        "min_tokens": 3, "prompt_logprobs": 1, "response_format": {"type": "json_object"}, "bad_words": ["x"],
+REAL = {"prompt_logprobs": 1, "response_format": {"type": "json_object"}, "bad_words": ["x"],
         "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "required",
         "suffix": "tail", "best_of": 2, "echo": True, "use_beam_search": True, "guided_choice": ["a", "b"]}
 REFUSED_CASES = [(e, name, REAL.get(name, 7)) for e in REFUSED for name in sorted(REFUSED[e])]
-ISSUE_FIELDS = ("tools", "tool_choice", "response_format", "repetition_penalty", "min_tokens", "prompt_logprobs",
-                "presence_penalty", "frequency_penalty", "logit_bias")
+ISSUE_REFUSED = ("tools", "tool_choice", "response_format", "prompt_logprobs")
+ISSUE_IMPLEMENTED = ("repetition_penalty", "min_tokens", "presence_penalty", "frequency_penalty", "logit_bias",
+                     "include_stop_str_in_output", "skip_special_tokens", "add_generation_prompt",
+                     "continue_final_message", "chat_template_kwargs")
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +26,14 @@ def client(server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def test_the_issues_fields_are_in_the_table():
+def test_the_issues_fields_are_in_the_table_or_typed():
+    from samebits.server.protocol import ChatRequest
+
     for endpoint in REFUSED:
-        assert set(ISSUE_FIELDS) <= set(REFUSED[endpoint])
+        assert set(ISSUE_REFUSED) <= set(REFUSED[endpoint])
         assert not set(BOOKKEEPING) & set(REFUSED[endpoint])
+        assert not set(ISSUE_IMPLEMENTED) & set(REFUSED[endpoint])
+    assert set(ISSUE_IMPLEMENTED) <= set(ChatRequest.model_fields)
 
 
 @pytest.mark.parametrize("endpoint,name,value", REFUSED_CASES, ids=[f"{e}-{n}" for e, n, _ in REFUSED_CASES])
@@ -169,3 +174,48 @@ def test_readme_lists_every_refused_and_bookkeeping_field():
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     names = set(BOOKKEEPING).union(*REFUSED.values(), REFUSED_IN_MESSAGE, REFUSED_IN_STREAM_OPTIONS)
     assert [n for n in sorted(names) if f"`{n}`" not in readme] == []
+
+
+def _tokens(client, **kw) -> list[list[int]]:
+    base = {"model": MODEL_NAME, "prompt": "the cat sat", "max_tokens": 12, "temperature": 1.0, "seed": 3}
+    extra = {"ignore_eos": True, **kw.pop("extra", {})}
+    return [c.model_extra["token_ids"] for c in client.completions.create(**{**base, **kw}, extra_body=extra).choices]
+
+
+def test_penalties_change_the_sample_and_are_bitwise_stable_under_batching(client):
+    import concurrent.futures
+
+    penalised = {"presence_penalty": 2.0, "frequency_penalty": 2.0, "extra": {"repetition_penalty": 1.5}}
+    plain = _tokens(client, temperature=0.0)[0]
+    greedy = _tokens(client, temperature=0.0, **penalised)[0]
+    assert greedy != plain  # the penalties act (a random model repeats under plain greedy)
+    assert len(set(greedy)) > len(set(plain))
+    alone = client.completions.create(model=MODEL_NAME, prompt="the cat sat", max_tokens=12, temperature=1.0, seed=3,
+                                      logprobs=2, presence_penalty=1.0, frequency_penalty=0.5,
+                                      extra_body={"ignore_eos": True, "repetition_penalty": 1.3}).choices[0]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:  # neighbours with and without penalties
+        jobs = [pool.submit(_tokens, client, seed=i, n=2, **(penalised if i % 2 else {})) for i in range(6)]
+        again = pool.submit(lambda: client.completions.create(
+            model=MODEL_NAME, prompt="the cat sat", max_tokens=12, temperature=1.0, seed=3, logprobs=2,
+            presence_penalty=1.0, frequency_penalty=0.5,
+            extra_body={"ignore_eos": True, "repetition_penalty": 1.3}).choices[0])
+        [j.result() for j in jobs]
+    batched = again.result()
+    assert batched.model_extra["token_ids"] == alone.model_extra["token_ids"]
+    assert batched.logprobs.token_logprobs == alone.logprobs.token_logprobs  # floats from JSON: exact float32 values
+
+
+def test_logit_bias_allowed_token_ids_and_min_tokens(server, client):
+    plain = _tokens(client, temperature=0.0)[0]
+    forced = _tokens(client, temperature=0.0, logit_bias={"7": 100})[0]
+    assert forced == [7] * 12 and plain != forced
+    allowed = _tokens(client, temperature=1.5, n=4, extra={"allowed_token_ids": [3, 9, 11]})
+    assert {t for row in allowed for t in row} <= {3, 9, 11}
+    eos = min(server.engine.tokenizer.eos_token_ids)
+    # eos pushed to the top: without min_tokens the sample ends at once; with it, eos waits for 5 tokens.
+    kw = {"prompt": "the cat", "max_tokens": 12, "temperature": 0.0, "logit_bias": {str(eos): 100}}
+    short = client.completions.create(model=MODEL_NAME, **kw).choices[0]
+    held = client.completions.create(model=MODEL_NAME, **kw, extra_body={"min_tokens": 5}).choices[0]
+    assert (len(short.model_extra["token_ids"]), short.finish_reason) == (1, "stop")
+    assert (len(held.model_extra["token_ids"]), held.finish_reason) == (6, "stop")
+    assert eos not in held.model_extra["token_ids"][:5]

@@ -12,6 +12,10 @@ VLLM_NAMES = {
     "prompt_tokens": "counter", "generation_tokens": "counter", "prefix_cache_queries": "counter",
     "prefix_cache_hits": "counter", "num_preemptions": "counter",
     "time_to_first_token_seconds": "histogram", "e2e_request_latency_seconds": "histogram",
+    "inter_token_latency_seconds": "histogram", "time_per_output_token_seconds": "histogram",
+    "request_decode_time_seconds": "histogram", "request_prompt_tokens": "histogram",
+    "request_generation_tokens": "histogram", "request_max_num_generation_tokens": "histogram",
+    "request_success": "counter",
 }
 
 
@@ -42,3 +46,54 @@ def test_every_series_is_ours_and_labelled(server):
     assert all(s.labels.get("model_name") == MODEL_NAME for f in ours.values() for s in f.samples)
     usage = [s.value for s in found["samebits:kv_cache_usage_perc"].samples]
     assert len(usage) == 1 and 0.0 <= usage[0] <= 1.0
+
+
+def _sample_values(found: dict, name: str) -> dict:
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))): s.value
+            for s in found[f"samebits:{name}"].samples}
+
+
+def test_per_request_series_count_what_the_requests_did(server):
+    """Two samples of 4 tokens ending by length, one of 3 ending by a stop id: the counts are exact."""
+    before = families(server)
+    with server.client() as http:
+        body = {"model": MODEL_NAME, "prompt": "hello there", "max_tokens": 4, "n": 2, "temperature": 1.0, "seed": 1,
+                "ignore_eos": True}
+        assert http.post("/v1/completions", json=body).status_code == 200
+        first = http.post("/v1/completions", json={**body, "n": 1, "max_tokens": 8}).json()["choices"][0]
+        stop = first["token_ids"][2]
+        r = http.post("/v1/completions", json={**body, "n": 1, "max_tokens": 8, "stop_token_ids": [stop]})
+        assert r.json()["choices"][0]["finish_reason"] == "stop"
+        stopped_at = r.json()["choices"][0]["token_ids"].index(stop) + 1
+        text = http.get("/metrics").text
+    after = {f.name: f for f in text_string_to_metric_families(text)}
+
+    def delta(name, key):
+        return _sample_values(after, name).get(key, 0) - _sample_values(before, name).get(key, 0)
+
+    total = ("samebits:request_success_total", (("finished_reason", "length"),))
+    assert delta("request_success", total) == 3  # 2 samples + the 8-token probe
+    assert delta("request_success", ("samebits:request_success_total", (("finished_reason", "stop"),))) == 1
+    count = ("samebits:request_generation_tokens_count", ())
+    assert delta("request_generation_tokens", count) == 4
+    assert delta("request_generation_tokens", ("samebits:request_generation_tokens_sum", ())) == 8 + 8 + stopped_at
+    # One inter-token latency per token after each sample's first.
+    itl = delta("inter_token_latency_seconds", ("samebits:inter_token_latency_seconds_count", ()))
+    assert itl == (8 - 2) + (8 - 1) + (stopped_at - 1)
+    assert itl == delta("time_per_output_token_seconds", ("samebits:time_per_output_token_seconds_count", ()))
+    assert delta("request_max_num_generation_tokens", ("samebits:request_max_num_generation_tokens_sum", ())) == \
+        4 + 8 + stopped_at
+    assert delta("request_prompt_tokens", ("samebits:request_prompt_tokens_count", ())) == 3
+
+
+def test_the_grafana_dashboard_queries_only_exported_series(server):
+    import json
+    import re
+    from pathlib import Path
+
+    dashboard = json.loads((Path(__file__).parents[2] / "docs" / "grafana.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    queried = {re.sub(r"_(bucket|sum|count|total)$", "", n) for e in exprs for n in re.findall(r"samebits:\w+", e)}
+    exported = set(families(server))
+    assert len(queried) >= 15 and queried <= exported, sorted(queried - exported)
+    assert all('model_name="$model_name"' in e for e in exprs)
