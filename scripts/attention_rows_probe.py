@@ -12,14 +12,12 @@ import random
 import sys
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from attention import _bench, _paged  # noqa: E402
-
-from samebits.kernels.attention import AttentionMetadata, paged_attention  # noqa: E402
-from samebits.kernels.triton.attention_t import paged_attention_t  # noqa: E402
+from samebits.kernels.attention import AttentionMetadata  # noqa: E402
+from samebits.kernels.triton import attention as at  # noqa: E402
+from samebits.kernels.triton.attention import paged_attention  # noqa: E402
 
 HQ, HKV, D, BS = 32, 8, 128, 16
 SCALE = D ** -0.5
