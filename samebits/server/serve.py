@@ -37,7 +37,8 @@ def build_async_engine(config: ServerConfig):
     from samebits.engine.async_engine import AsyncEngine
     from samebits.engine.llm_engine import LLMEngine
 
-    return AsyncEngine(LLMEngine(config.engine), max_waiting=config.engine.max_waiting)
+    return AsyncEngine(LLMEngine(config.engine), max_waiting=config.engine.max_waiting,
+                       max_waiting_tokens=config.max_waiting_tokens)
 
 
 @contextlib.contextmanager
