@@ -13,7 +13,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from samebits import __version__
-from samebits.engine.async_engine import waiting_cost
+from samebits.engine.async_engine import QueueFull, waiting_cost
 from samebits.server.errors import APIError, clip, engine_dead, error_response, map_error, not_found
 from samebits.server.metrics import CONTENT_TYPE
 from samebits.server.middleware import GuardMiddleware
@@ -64,7 +64,7 @@ def _check_admission(state: ServerState, job) -> None:
     costs = [waiting_cost(len(sub.ids), job.params) for sub in job.subs]
     try:
         state.ae.check_admission(sum(c[0] for c in costs), sum(c[1] for c in costs))
-    except Exception as e:
+    except (QueueFull, ValueError) as e:  # RequestTooLarge is a ValueError naming its field
         raise map_error(e) from None
 
 

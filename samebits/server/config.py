@@ -90,7 +90,7 @@ class ServerConfig:
         for name in ("timeout_header", "timeout_body"):
             _positive_seconds(name, getattr(self, name))
         if not isinstance(self.allow_special_tokens, bool):
-            raise ValueError(f"allow_special_tokens must be a bool, got {self.allow_special_tokens!r}")
+            raise ValueError(f"allow_special_tokens must be a bool, got {self.allow_special_tokens!r}")  # noqa: TRY004
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:

@@ -11,13 +11,15 @@ import json
 import logging
 from dataclasses import dataclass
 
+from samebits.server.errors import RETRY_AFTER_S, APIError
+
 log = logging.getLogger("samebits.server")
 
-_REFUSAL = json.dumps({"error": {"message": "Too many open connections; retry later.", "type": "server_error",
-                                 "param": None, "code": "too_many_connections"}}).encode()
+_REFUSAL = json.dumps(APIError(503, "Too many open connections; retry later.", "server_error", None,
+                               "too_many_connections").body()).encode()
 # Written before the client has sent anything: the answer it reads to its request, then the connection closes.
 REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
-           b"retry-after: 1\r\ncontent-length: " + str(len(_REFUSAL)).encode() + b"\r\n\r\n" + _REFUSAL)
+           b"retry-after: %d\r\ncontent-length: %d\r\n\r\n" % (RETRY_AFTER_S, len(_REFUSAL))) + _REFUSAL
 
 REFUSED_LINGER_S = 1.0
 

@@ -39,8 +39,8 @@ def closed_after(sock: socket.socket) -> tuple[float, bytes]:
 
 
 @pytest.mark.parametrize("sent", [b"", b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n",
-                                  b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                                  b"content-length: 1000\r\n\r\n{"], ids=["nothing", "headers-only", "stalled-body"])
+                                  (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                                   b"content-length: 1000\r\n\r\n{")], ids=["nothing", "headers-only", "stalled-body"])
 def test_a_stalled_connection_is_closed_at_its_deadline(strict, sent):
     with connect(strict) as sock:
         sock.sendall(sent)
