@@ -143,7 +143,7 @@ def test_gauges_follow_an_abort_before_the_next_step_ends():
                 await asyncio.sleep(0.005)
             await asyncio.wait({firsts}, timeout=0.2)
         await firsts
-        steps = engine.steps
+        steps, kv_before = engine.steps, ae.stats.kv_usage
         assert ae.stats.num_running == 2
         await a.aclose()  # the abort is queued while the next step waits for its permit
         engine.permits.release()  # that step runs; the abort is applied after it; the step after it waits
@@ -152,6 +152,7 @@ def test_gauges_follow_an_abort_before_the_next_step_ends():
             assert time.monotonic() < deadline, "the gauge waited for a further step"
             await asyncio.sleep(0.01)
         assert engine.steps == steps + 1 and "a" not in engine.requests  # the gauge did not wait for one more step
+        assert ae.stats.kv_usage < kv_before  # and a's blocks are already free
         await b.aclose()
         engine.permits.release(100)
         ae.shutdown()
