@@ -21,11 +21,15 @@ from typing import Any
 from samebits.engine.outputs import EngineStats
 from samebits.engine.scheduler import QueueFull
 
-__all__ = ["AsyncEngine", "EngineDead", "QueueFull"]
+__all__ = ["AsyncEngine", "EngineDead", "QueueFull", "RequestTooLarge"]
 
 
 class EngineDead(RuntimeError):
     """The engine loop thread has stopped; no request can be served."""
+
+
+class RequestTooLarge(ValueError):
+    """The request alone exceeds the waiting limits: it could never be admitted, so retrying is no use (a 400)."""
 
 
 @dataclass
@@ -43,7 +47,9 @@ class Counters:
 class _Stream:
     """One request's mailbox on the event loop: the latest cumulative output, an error, or closed."""
 
-    def __init__(self, final_only: bool) -> None:
+    def __init__(self, final_only: bool, seqs: int, tokens: int) -> None:
+        self.seqs = seqs  # what it counts against the waiting limits until its first output
+        self.tokens = tokens
         self.latest: Any = None
         self.error: BaseException | None = None
         self.closed = False
@@ -94,10 +100,17 @@ def _settle(future: concurrent.futures.Future, error: BaseException | None = Non
         pass
 
 
+def waiting_cost(num_prompt_tokens: int, params) -> tuple[int, int]:
+    """(sequences, tokens) one engine request counts while it waits: n samples, each its prompt plus max_tokens."""
+    return params.n, params.n * (num_prompt_tokens + params.max_tokens)
+
+
 class AsyncEngine:
-    def __init__(self, engine, max_waiting: int = 1024, idle_poll_s: float = 0.5):
+    def __init__(self, engine, max_waiting: int = 1024, idle_poll_s: float = 0.5,
+                 max_waiting_tokens: int | None = None):
         self.engine = engine
-        self.max_waiting = max_waiting
+        self.max_waiting = max_waiting  # sequences (prompts x n)
+        self.max_waiting_tokens = max_waiting_tokens
         self.counters = Counters()
         # Latency hooks (seconds since admission), called on the event loop: the server's histograms.
         self.on_first_output: Callable[[float], None] | None = None
@@ -143,6 +156,26 @@ class AsyncEngine:
     def num_running(self) -> int:
         return sum(s.started for s in self._streams.values())
 
+    @property
+    def waiting_cost(self) -> tuple[int, int]:
+        """(sequences, tokens) of the requests that have not produced their first output yet."""
+        waiting = [s for s in self._streams.values() if not s.started]
+        return sum(s.seqs for s in waiting), sum(s.tokens for s in waiting)
+
+    def check_admission(self, seqs: int, tokens: int) -> None:
+        """Raise RequestTooLarge if work of this size could never wait here, QueueFull if it cannot now."""
+        if seqs > self.max_waiting:
+            raise RequestTooLarge(f"n: the request is {seqs} sequences (prompts x n); this server queues at most "
+                                  f"{self.max_waiting} (max_waiting)")
+        token_limit = self.max_waiting_tokens
+        if token_limit is not None and tokens > token_limit:
+            raise RequestTooLarge(f"max_tokens: the request holds {tokens} tokens (prompt + max_tokens, per "
+                                  f"sequence); this server queues at most {token_limit} (max_waiting_tokens)")
+        waiting_seqs, waiting_tokens = self.waiting_cost
+        if waiting_seqs + seqs > self.max_waiting or (token_limit is not None and waiting_tokens + tokens > token_limit):
+            self.counters.requests_rejected += 1
+            raise QueueFull(self.max_waiting)
+
     # ---- event-loop side -------------------------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt_token_ids: list[int], params, prompt: str | None = None, *,
                        final_only: bool = False) -> AsyncIterator:
@@ -152,7 +185,7 @@ class AsyncEngine:
         Raises ValueError (from the engine, naming the field) before the first output, QueueFull, or EngineDead.
         Closing the iterator early aborts the request and frees its KV blocks.
         """
-        stream = self._admit(request_id, final_only)
+        stream = self._admit(request_id, final_only, *waiting_cost(len(prompt_token_ids), params))
         added = finished = False
         try:
             await asyncio.wrap_future(self._submit("add", request_id, list(prompt_token_ids), params, prompt))
@@ -171,16 +204,14 @@ class AsyncEngine:
                 self.counters.requests_aborted += added
                 self._submit("abort", request_id)
 
-    def _admit(self, request_id: str, final_only: bool) -> _Stream:
+    def _admit(self, request_id: str, final_only: bool, seqs: int, tokens: int) -> _Stream:
         if not self.healthy:
             raise EngineDead("the engine loop has stopped") from self.error
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        if self.num_waiting >= self.max_waiting:
-            self.counters.requests_rejected += 1
-            raise QueueFull(self.max_waiting)
+        self.check_admission(seqs, tokens)
         self.start()
-        stream = self._streams[request_id] = _Stream(final_only)
+        stream = self._streams[request_id] = _Stream(final_only, seqs, tokens)
         return stream
 
     async def abort(self, request_id: str) -> None:
@@ -236,11 +267,11 @@ class AsyncEngine:
             while not self._stopping:
                 self._wake.clear()
                 busy = self._apply_commands()
+                if busy:  # an abort's freed blocks show in the gauges now, not after the next (maybe long) step
+                    self._refresh_stats()
                 if self.engine.has_unfinished_requests():
                     self._step()
-                elif busy:
-                    self._refresh_stats()
-                else:
+                elif not busy:
                     self._wake.wait(self._idle_poll_s)
         except BaseException as e:  # noqa: BLE001 - the loop is dead either way; every waiter must hear why
             self.error = e

@@ -3,7 +3,12 @@ OpenAI content parts, the chat template's options. `LLM` and the server both com
 Every ValueError begins with the field it blames (the server's 400 names it)."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+
+# A private-use character: in the rendered chat, MARK<i>MARK stands where user text spelled a special token.
+MARK = "\ue000"
+_MARKED = re.compile(f"{MARK}([0-9]+){MARK}")
 
 # The template context's own names: chat_template_kwargs may not replace them (tools stay refused, not smuggled in).
 RESERVED_TEMPLATE_KWARGS = ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents")
@@ -53,17 +58,60 @@ def chat_messages(messages: list[dict]) -> list[dict]:
              **({"name": m["name"]} if m.get("name") else {})} for i, m in enumerate(messages)]
 
 
+class Escapes:
+    """User text with every special token's text (and MARK itself) swapped for a numbered mark before the template
+    sees it, so that `<|im_end|>` typed by a user is encoded as the characters it spells, never as the special token
+    (a user could otherwise close their turn and open a system one). Text without them is left exactly as it was,
+    so its token ids are unchanged."""
+
+    def __init__(self, special_texts) -> None:
+        texts = sorted({*special_texts, MARK}, key=len, reverse=True)  # longest first: one special may hold another
+        self.pattern = re.compile("|".join(map(re.escape, texts)))
+        self.literals: list[str] = []
+
+    def __call__(self, value):
+        """A str, or the strs inside lists and dicts, escaped."""
+        if isinstance(value, str):
+            return self.pattern.sub(self._mark, value)
+        if isinstance(value, list):
+            return [self(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self(v) for k, v in value.items()}
+        return value
+
+    def _mark(self, match: re.Match) -> str:
+        self.literals.append(match.group(0))
+        return f"{MARK}{len(self.literals) - 1}{MARK}"
+
+    def encode(self, tokenizer, text: str) -> list[int]:
+        """The rendered text's ids: the template's own special tokens as themselves, each mark as plain text."""
+        if not self.literals:
+            return tokenizer.encode(text, add_special_tokens=False)
+        ids: list[int] = []
+        for i, part in enumerate(_MARKED.split(text)):  # text, mark number, text, mark number, ..., text
+            if i % 2:
+                ids += tokenizer.encode(self.literals[int(part)], add_special_tokens=False, split_special_tokens=True)
+            elif part:
+                ids += tokenizer.encode(part, add_special_tokens=False)
+        return ids
+
+
 def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
                 continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[int]:
     """The chat prompt's token ids, as vLLM renders it: `continue_final_message` leaves the last message open (the
-    model continues its text), `chat_template_kwargs` reach the template's context."""
+    model continues its text), `chat_template_kwargs` reach the template's context. No user text (content, name,
+    template kwargs) becomes a special token."""
     if add_generation_prompt and continue_final_message:
         raise ValueError("continue_final_message cannot be combined with add_generation_prompt; set that to false")
     kwargs = dict(chat_template_kwargs or {})
     clash = [k for k in kwargs if k in RESERVED_TEMPLATE_KWARGS]
     if clash:
         raise ValueError(f"chat_template_kwargs may not set {clash[0]!r} (a request field or refused)")
-    msgs = chat_messages(messages)
+    # A tokenizer without special tokens (a test double) has nothing to escape.
+    escapes = Escapes(getattr(tokenizer, "special_texts", ()))
+    msgs = [{**m, "content": escapes(m["content"]), **({"name": escapes(m["name"])} if "name" in m else {})}
+            for m in chat_messages(messages)]
+    kwargs = escapes(kwargs)
     try:
         text = tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, **kwargs)
     # The template's own raise_exception is the caller's problem, whatever its type.
@@ -76,4 +124,4 @@ def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
             raise ValueError("continue_final_message needs a final message whose text the template renders as is")
         text = text[:at + len(final)]
     # Token ids, not text: the rendered template already holds its special tokens (no second BOS).
-    return tokenizer.encode(text, add_special_tokens=False)
+    return escapes.encode(tokenizer, text)

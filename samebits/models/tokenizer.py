@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import ClassVar
 
@@ -41,9 +41,26 @@ class Tokenizer:
     def bos_token_id(self) -> int | None:
         return next(iter(self._ids_of(["bos_token"])), None)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Like HF `tokenizer.encode`. Encode a rendered chat with `add_special_tokens=False` (the template has them)."""
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+    @cached_property
+    def special_texts(self) -> tuple[str, ...]:
+        """The text of every special token (`<|im_end|>`, `<|eot_id|>`...): what user text must never turn into."""
+        return tuple(t.content for t in self.backend.get_added_tokens_decoder().values() if t.special)
+
+    @cached_property
+    def _plain(self) -> _Backend:
+        # A copy that reads special-token text as plain text (HF's `split_special_tokens`); a copy, not a toggle of
+        # the shared backend, because the server encodes in several threads at once.
+        backend = _Backend.from_str(self.backend.to_str())
+        backend.encode_special_tokens = True
+        return backend
+
+    def encode(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False) -> list[int]:
+        """Like HF `tokenizer.encode`. Encode a rendered chat with `add_special_tokens=False` (the template has them);
+        `split_special_tokens` encodes `<|im_end|>` in the text as the characters it spells, never the special token.
+        Through `encode_batch`, which releases the GIL: `encode` holds it for the whole call, seconds on a megabyte
+        of text, and the server's event loop would stall behind it."""
+        backend = self._plain if split_special_tokens else self.backend
+        return backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -13,8 +13,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from samebits import __version__
+from samebits.engine.async_engine import QueueFull, waiting_cost
 from samebits.server.admin import add_admin_routes
-from samebits.server.errors import APIError, engine_dead, error_response, not_found
+from samebits.server.errors import APIError, clip, engine_dead, error_response, map_error, not_found
 from samebits.server.metrics import CONTENT_TYPE
 from samebits.server.middleware import GuardMiddleware
 from samebits.server.protocol import ChatRequest, CompletionRequest
@@ -50,9 +51,22 @@ async def handle(state: ServerState, request: Request, model: type[BaseModel], b
     except ClientDisconnect:
         state.metrics.disconnects.inc()
         return Response(status_code=STATUS_CLIENT_GONE)
-    # Off the event loop: tokenising a megabyte prompt or rendering a chat template must not stall other streams.
+    state.check_text_size(req)
+    # Off the event loop: tokenising a long prompt or rendering a chat template must not stall other streams (the
+    # tokenizer releases the GIL: models/tokenizer.py).
     job = await asyncio.to_thread(build, state, req)
+    _check_admission(state, job)
     return await respond(state, request, job, bool(req.stream))
+
+
+def _check_admission(state: ServerState, job) -> None:
+    """The whole request against the waiting limits before any of its prompts is queued: a request that can never
+    fit is a 400, one that cannot fit now a 429, never a part of it run and the rest refused."""
+    costs = [waiting_cost(len(sub.ids), job.params) for sub in job.subs]
+    try:
+        state.ae.check_admission(sum(c[0] for c in costs), sum(c[1] for c in costs))
+    except (QueueFull, ValueError) as e:  # RequestTooLarge is a ValueError naming its field
+        raise map_error(e) from None
 
 
 def _lifespan(state: ServerState):
@@ -68,8 +82,9 @@ def _lifespan(state: ServerState):
 
 
 def _model_card(state: ServerState) -> dict:
+    # root is the served name too: the real name, or the path it was loaded from, stays the operator's.
     return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "samebits",
-            "root": state.config.engine.model, "max_model_len": state.max_model_len}
+            "root": state.model_name, "max_model_len": state.max_model_len}
 
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
@@ -97,7 +112,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
 
 def _add_ops_routes(app: FastAPI, state: ServerState) -> None:
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with HEAD
     async def health() -> Response:
         if not state.ae.healthy:
             return error_response(engine_dead())
@@ -116,9 +131,11 @@ def _add_ops_routes(app: FastAPI, state: ServerState) -> None:
 def _add_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        path = clip(request.url.path)
         if exc.status_code == 404:
-            return error_response(not_found(f"No route for {request.method} {request.url.path}."))
-        return error_response(APIError(exc.status_code, f"{exc.detail} ({request.method} {request.url.path})."))
+            return error_response(not_found(f"No route for {request.method} {path}."))
+        # Starlette's headers, e.g. the Allow of a 405.
+        return error_response(APIError(exc.status_code, f"{exc.detail} ({request.method} {path})."), exc.headers)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> Response:

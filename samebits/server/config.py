@@ -6,13 +6,19 @@ from dataclasses import dataclass, fields
 
 from samebits.engine.config import EngineConfig
 
-# A server bounds its waiting queue (429 past it); the offline engine need not, so the server's default sets it.
-SERVER_ENGINE = EngineConfig(max_waiting=1024)
+# A server bounds its waiting queue (429 past it, in sequences: prompts x n); the offline engine need not, so the
+# server's default sets it. One batch's worth (max_num_seqs' default): a giant request cannot queue more than that.
+SERVER_ENGINE = EngineConfig(max_waiting=256)
 
 
 def _positive(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _positive_seconds(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
 # uvicorn's log levels (its --log-level); serve logs its own lines at the same level.
@@ -33,7 +39,19 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_header_count: int = 64
     max_header_bytes: int = 16 * 1024
+    # Characters of prompt text (all prompts, or all messages) tokenized for one request; None: 32 per token of
+    # context (state.py), far above any real text's 3-5, so only a prompt that cannot fit is refused untokenized.
+    max_prompt_chars: int | None = None
+    # Waiting work in tokens: each waiting sequence counts its prompt plus its max_tokens (the KV it will hold).
+    max_waiting_tokens: int = 1024 * 1024
+    # A chat request without max_tokens generates at most this many (not to the end of the context).
+    default_max_tokens: int = 1024
+    # User text may spell special tokens (<|im_end|>, <|eot_id|>...) only when the operator allows it (completions).
+    allow_special_tokens: bool = False
     timeout_keep_alive: int = 5
+    timeout_header: float = 10.0
+    timeout_body: float = 30.0
+    max_connections: int = 1024
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -65,8 +83,14 @@ class ServerConfig:
 
     def _check_limits(self) -> None:
         for name in ("max_n", "max_prompts", "max_stop", "max_body_bytes", "max_header_count", "max_header_bytes",
-                     "timeout_keep_alive"):
+                     "max_waiting_tokens", "default_max_tokens", "timeout_keep_alive", "max_connections"):
             _positive(name, getattr(self, name))
+        if self.max_prompt_chars is not None:
+            _positive("max_prompt_chars", self.max_prompt_chars)
+        for name in ("timeout_header", "timeout_body"):
+            _positive_seconds(name, getattr(self, name))
+        if not isinstance(self.allow_special_tokens, bool):
+            raise ValueError(f"allow_special_tokens must be a bool, got {self.allow_special_tokens!r}")  # noqa: TRY004
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:

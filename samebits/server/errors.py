@@ -8,18 +8,32 @@ from starlette.responses import Response
 
 from samebits.engine.async_engine import EngineDead, QueueFull
 
+# An echoed client value is cut to this many characters: a megabyte `model` must not come back in the 404.
+ECHO_CHARS = 64
+# Every message is cut to this: no error body grows with the request that caused it.
+MESSAGE_CHARS = 1024
+# Seconds a client told 429 (queue full) waits before retrying; a queue of waiting work drains in about that time.
+RETRY_AFTER_S = 1
+
+
+def clip(value, limit: int = ECHO_CHARS) -> str:
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
 
 class APIError(Exception):
     """An error the client gets as OpenAI error JSON; `status` < 500 whenever the client is at fault."""
 
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
+        message = clip(message, MESSAGE_CHARS)
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers or {}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -44,9 +58,10 @@ def too_large(limit: int) -> APIError:
 
 
 def queue_full(limit: int) -> APIError:
-    # 429, not 503: the server is healthy, it only refuses more waiting work; the client may retry later.
-    return APIError(429, f"The waiting queue is full ({limit} requests); retry later.", "rate_limit_error", None,
-                    "queue_full")
+    # 429, not 503: the server is healthy, it only refuses more waiting work; the client may retry later. A request
+    # that could never fit is a 400 instead (async_engine.RequestTooLarge).
+    return APIError(429, f"The waiting queue is full (at most {limit} waiting sequences); retry later.",
+                    "rate_limit_error", None, "queue_full", {"Retry-After": str(RETRY_AFTER_S)})
 
 
 def engine_dead() -> APIError:
@@ -55,7 +70,8 @@ def engine_dead() -> APIError:
 
 
 def error_response(err: APIError, headers: dict | None = None) -> Response:
-    return Response(json.dumps(err.body()), status_code=err.status, headers=headers, media_type="application/json")
+    return Response(json.dumps(err.body()), status_code=err.status, headers={**err.headers, **(headers or {})},
+                    media_type="application/json")
 
 
 def field_of(message: str) -> str | None:

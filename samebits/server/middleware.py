@@ -1,7 +1,8 @@
 """One pure-ASGI middleware (no BaseHTTPMiddleware: it buffers streams and hides disconnects).
 
-On every HTTP response: the numerics headers and X-Request-Id. Before the app: header count/size limits and the API
-key check (constant-time; /health and /metrics stay open so probes and scrapers need no secret).
+On every HTTP response: X-Request-Id, and the numerics headers once the request is authenticated (they name versions:
+nothing for a client without the key). Before the app: header count/size limits, ambiguous framing, and the API key
+check (constant-time; /health and /metrics stay open so probes and scrapers need no secret).
 """
 from __future__ import annotations
 
@@ -53,16 +54,18 @@ class GuardMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        rid = request_id_of(scope["headers"])
+        headers = scope["headers"]
+        rid = request_id_of(headers)
         scope.setdefault("state", {})["request_id"] = rid
-        send = self._decorated(send, rid)
-        problem = self._check(scope)
+        authenticated = not self.keys or key_matches(bearer_token(headers), self.keys)
+        send = self._decorated(send, rid, authenticated)
+        problem = self._check(scope, authenticated)
         if problem is not None:
             return await error_response(problem)(scope, receive, send)
         await self.app(scope, receive, send)
 
-    def _decorated(self, send, rid: str):
-        extra = self.static + [(b"x-request-id", rid.encode("latin-1"))]
+    def _decorated(self, send, rid: str, authenticated: bool):
+        extra = (self.static if authenticated else []) + [(b"x-request-id", rid.encode("latin-1"))]
 
         async def wrapped(message):
             if message["type"] == "http.response.start":
@@ -73,7 +76,7 @@ class GuardMiddleware:
 
         return wrapped
 
-    def _check(self, scope) -> APIError | None:
+    def _check(self, scope, authenticated: bool) -> APIError | None:
         headers = scope["headers"]
         if len(headers) > self.max_count:
             return APIError(431, f"Too many request headers: {len(headers)} > {self.max_count}.",
@@ -82,6 +85,12 @@ class GuardMiddleware:
         if size > self.max_bytes:
             return APIError(431, f"Request headers too large: {size} bytes > {self.max_bytes}.",
                             code="header_fields_too_large")
-        if self.keys and scope["path"] not in OPEN_PATHS and not key_matches(bearer_token(headers), self.keys):
+        names = {k.lower() for k, _ in headers}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            # Two framings of one body: a proxy in front may read the other one (request smuggling). The
+            # connection closes, since where this body ends is exactly what is in doubt.
+            return APIError(400, "Content-Length and Transfer-Encoding must not be sent together; send one.",
+                            code="ambiguous_framing", headers={"Connection": "close"})
+        if not authenticated and scope["path"] not in OPEN_PATHS:
             return unauthorized()
         return None

@@ -232,7 +232,7 @@ def _completion_prompts(state: ServerState, prompt) -> list[tuple[str | None, li
 
 
 def _one_prompt(state: ServerState, p) -> tuple[str | None, list[int]]:
-    ids = state.tokenizer.encode(p) if isinstance(p, str) else list(p)
+    ids = state.encode_prompt(p) if isinstance(p, str) else list(p)
     if not ids or p == "":
         raise invalid("prompt must not be empty (an empty string or an empty token list)", "prompt")
     return (p if isinstance(p, str) else None), ids
@@ -276,7 +276,7 @@ def chat_job(state: ServerState, req: ChatRequest) -> Job:
     ids = _chat_ids(state, req)
     named = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     requested = getattr(req, named)
-    max_tokens = requested if requested is not None else max(1, state.max_model_len - len(ids))
+    max_tokens = requested if requested is not None else state.default_max_tokens(len(ids))
     seed = _seed(state, req)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = _sampling_params(req, max_tokens, seed, logprobs, {"max_tokens": named, "logprobs": "top_logprobs"})

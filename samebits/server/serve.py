@@ -19,10 +19,14 @@ class ServeError(RuntimeError):
 def uvicorn_config(app, config: ServerConfig, **overrides):
     import uvicorn
 
+    from samebits.server.connections import ConnectionLimits, guarded_protocol
+
     # h11, not httptools: its incomplete-event limit bounds the raw header block. It is set above the middleware's
     # limit so that a slightly large header block gets the JSON 431 and only a huge one meets h11's bare 400.
-    values = {"host": config.host, "port": config.port, "http": "h11", "loop": "asyncio", "lifespan": "on",
-              "log_level": config.log_level, "timeout_keep_alive": config.timeout_keep_alive,
+    # Our subclass of uvicorn's h11 protocol adds the header and body deadlines and the connection cap.
+    limits = ConnectionLimits(config.timeout_header, config.timeout_body, config.max_connections)
+    values = {"host": config.host, "port": config.port, "http": guarded_protocol(limits), "loop": "asyncio",
+              "lifespan": "on", "log_level": config.log_level, "timeout_keep_alive": config.timeout_keep_alive,
               "h11_max_incomplete_event_size": 2 * config.max_header_bytes, "server_header": False,
               "timeout_graceful_shutdown": 30}
     values.update(overrides)
@@ -33,7 +37,8 @@ def build_async_engine(config: ServerConfig):
     from samebits.engine.async_engine import AsyncEngine
     from samebits.engine.llm_engine import LLMEngine
 
-    return AsyncEngine(LLMEngine(config.engine), max_waiting=config.engine.max_waiting)
+    return AsyncEngine(LLMEngine(config.engine), max_waiting=config.engine.max_waiting,
+                       max_waiting_tokens=config.max_waiting_tokens)
 
 
 @contextlib.contextmanager

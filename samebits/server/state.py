@@ -4,8 +4,12 @@ from __future__ import annotations
 import re
 import time
 
-from samebits.server.errors import not_found
+from samebits.server.errors import clip, invalid, not_found
 from samebits.server.metrics import Metrics
+
+# max_prompt_chars' default per token of context: real text runs 3-5 characters a token, so only a prompt that could
+# never fit is refused before it is tokenized (tokenizing 4 MB costs seconds of CPU).
+PROMPT_CHARS_PER_TOKEN = 32
 
 
 def _header_value(value) -> str:
@@ -25,6 +29,20 @@ def numerics_headers(fp: dict) -> dict[str, str]:
         "Mode": fp["mode"],
     }
     return {f"X-Samebits-{k}": _header_value(v) for k, v in fields.items()}
+
+
+def text_chars(req) -> tuple[int, str]:
+    """(characters of text the request would tokenize, the field holding it): its string prompts or its messages."""
+    prompt = getattr(req, "prompt", None)
+    if prompt is not None:
+        items = [prompt] if isinstance(prompt, str) else prompt
+        return sum(len(p) for p in items if isinstance(p, str)), "prompt"
+    total = 0
+    for m in req.messages:
+        content = m.content if isinstance(m.content, list) else [m.content]
+        total += sum(len(part if isinstance(part, str) else part.text or "") for part in content if part is not None)
+        total += len(m.name or "")
+    return total, "messages"
 
 
 def _vocab_size(engine) -> int:
@@ -47,6 +65,7 @@ class ServerState:
         self.headers = numerics_headers(self.fingerprint)
         self.metrics = Metrics(async_engine, config.model_name)
         self.created = int(time.time())
+        self.max_prompt_chars = config.max_prompt_chars or PROMPT_CHARS_PER_TOKEN * self.max_model_len
         self._token_text: dict[int, str] = {}
 
     @property
@@ -65,6 +84,22 @@ class ServerState:
         return text
 
     def check_model(self, model: str) -> None:
-        if model not in (self.model_name, self.config.engine.model):
-            raise not_found(f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+        # Only the served name: with --served-model-name, the real name (or path) is not a name clients may know.
+        if model != self.model_name:
+            raise not_found(f"The model `{clip(model)}` does not exist; this server serves `{self.model_name}`.",
                             "model", "model_not_found")
+
+    def check_text_size(self, req) -> None:
+        """Refuse text too long to ever fit before anything tokenizes it."""
+        chars, param = text_chars(req)
+        if chars > self.max_prompt_chars:
+            raise invalid(f"{param} holds {chars} characters of text; this server tokenizes at most "
+                          f"{self.max_prompt_chars} per request (max_prompt_chars)", param, "prompt_too_long")
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A completion prompt's ids: special-token text in it stays plain text unless the operator allows it."""
+        return self.tokenizer.encode(text, split_special_tokens=not self.config.allow_special_tokens)
+
+    def default_max_tokens(self, prompt_len: int) -> int:
+        """max_tokens of a chat request that sends none: the rest of the context, at most the server's cap."""
+        return max(1, min(self.config.default_max_tokens, self.max_model_len - prompt_len))

@@ -52,7 +52,8 @@ def start_server(engine, **overrides) -> LiveServer:
     from samebits.server.serve import ServerThread
 
     config = ServerConfig.from_dict({"model": MODEL_NAME, "port": 0, "log_level": "warning", **overrides})
-    async_engine = AsyncEngine(engine, max_waiting=config.engine.max_waiting)
+    async_engine = AsyncEngine(engine, max_waiting=config.engine.max_waiting,
+                               max_waiting_tokens=config.max_waiting_tokens)
     app = build_app(async_engine, config)
     thread = ServerThread(app, config)
     return LiveServer(thread.url, app, async_engine, config, thread)

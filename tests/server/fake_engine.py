@@ -34,7 +34,7 @@ class FakeTokenizer:
     vocab_size = VOCAB
     eos_token_ids: ClassVar[set[int]] = {EOS}
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False) -> list[int]:
         return [(ord(ch) - 0x4E00) % VOCAB if ord(ch) >= 0x4E00 else ord(ch) % VOCAB for ch in text]
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:

@@ -31,7 +31,9 @@ def test_missing_or_wrong_key_is_401(locked, headers):
         for method, path in (("POST", "/v1/completions"), ("GET", "/v1/models"), ("GET", "/version")):
             r = http.request(method, path, headers=headers, json={"model": MODEL_NAME, "prompt": "x"})
             assert r.status_code == 401, (path, headers)
-            assert r.json()["error"]["code"] == "invalid_api_key" and r.headers["x-samebits-fingerprint"]
+            assert r.json()["error"]["code"] == "invalid_api_key" and r.headers["x-request-id"]
+            # Versions and kernel flags are for clients holding a key (issue 20, item 9).
+            assert not [k for k in r.headers if k.startswith("x-samebits-")], r.headers
 
 
 def test_right_keys_work_and_probes_stay_open(locked):
@@ -75,7 +77,7 @@ def test_server_config_needs_an_engine_config_with_a_bounded_queue(bad):
 def test_server_config_defaults_frozen_and_unknown_keys():
     cfg = ServerConfig()
     assert cfg.host == "127.0.0.1" and cfg.engine.mode == "deterministic" and cfg.max_n == 16 and cfg.api_keys == ()
-    assert cfg.engine.max_waiting == 1024 and cfg.model_name == cfg.engine.model == "smollm2-135m"
+    assert cfg.engine.max_waiting == 256 and cfg.model_name == cfg.engine.model == "smollm2-135m"
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.port = 1
     with pytest.raises(ValueError, match="unknown ServerConfig keys: colour"):
@@ -107,12 +109,17 @@ NON_DEFAULT_FLAGS = {
     "max_num_batched_tokens": ["--max-num-batched-tokens", "64"], "max_model_len": ["--max-model-len", "128"],
     "block_size": ["--block-size", "32"], "kv_cache_tokens": ["--kv-cache-tokens", "4096"],
     "enable_prefix_caching": ["--no-enable-prefix-caching"], "cuda_graphs": ["--no-cuda-graphs"],
+    "async_scheduling": ["--async-scheduling"],
     "seed": ["--seed", "7"], "max_waiting": ["--max-waiting", "5"],
     "host": ["--host", "0.0.0.0"], "port": ["--port", "9"], "api_keys": ["--api-key", "a", "--api-key", "b"],
     "served_model_name": ["--served-model-name", "s"], "max_n": ["--max-n", "2"], "max_logprobs": ["--max-logprobs", "3"],
     "max_prompts": ["--max-prompts", "4"], "max_stop": ["--max-stop", "5"], "max_body_bytes": ["--max-body-bytes", "6"],
     "max_header_count": ["--max-header-count", "7"], "max_header_bytes": ["--max-header-bytes", "8"],
     "timeout_keep_alive": ["--timeout-keep-alive", "9"], "log_level": ["--log-level", "debug"],
+    "max_prompt_chars": ["--max-prompt-chars", "10"], "max_waiting_tokens": ["--max-waiting-tokens", "11"],
+    "default_max_tokens": ["--default-max-tokens", "12"], "allow_special_tokens": ["--allow-special-tokens"],
+    "timeout_header": ["--timeout-header", "1.5"], "timeout_body": ["--timeout-body", "2.5"],
+    "max_connections": ["--max-connections", "13"],
 }
 
 
