@@ -5,10 +5,14 @@ import dataclasses
 from dataclasses import dataclass
 
 from samebits.dtypes import normalize_dtype
+from samebits.kernels.configs import TILE_CONFIGS
 from samebits.modes import check_mode
 
 POLICIES = ("dynamic", "bucketed")
 SEED_LIMIT = 2**63
+# Tensor parallelism (samebits/distributed/, docs/TP.md): sizes that cut TP_MAX shards evenly, and the all-reduce routes.
+TP_SIZES = tuple(1 << i for i in range(TILE_CONFIGS["tensor_parallel"]["config"]["tp_max"].bit_length()))
+ALL_REDUCE_ROUTES = ("ordered", "native")
 
 
 def _is_int(value) -> bool:
@@ -43,6 +47,9 @@ class EngineConfig:
     cuda_graphs: bool = True
     seed: int | None = None
     max_waiting: int | None = None
+    tensor_parallel_size: int = 1
+    tp_invariant: bool = False
+    all_reduce: str = "ordered"
 
     def __post_init__(self) -> None:
         # Normalised in place so equal configs compare (and fingerprint) equal whatever spelling was used.
@@ -56,6 +63,10 @@ class EngineConfig:
         _require(isinstance(self.model, str) and self.model != "", f"model must be a non-empty str, got {self.model!r}")
         check_mode(self.mode)
         _require(self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}")
+        _require(self.tensor_parallel_size in TP_SIZES and _is_int(self.tensor_parallel_size),
+                 f"tensor_parallel_size must be one of {TP_SIZES}, got {self.tensor_parallel_size!r}")
+        _require(self.all_reduce in ALL_REDUCE_ROUTES,
+                 f"all_reduce must be one of {ALL_REDUCE_ROUTES}, got {self.all_reduce!r}")
         seed_ok = self.seed is None or (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT)
         _require(seed_ok, f"seed must be None or an int in [0, 2**63), got {self.seed!r}")
 
@@ -76,9 +87,13 @@ class EngineConfig:
                      f"{self.max_num_batched_tokens} < {self.max_num_seqs}")
 
     def _check_flags(self) -> None:
-        for name in ("enable_prefix_caching", "cuda_graphs"):
+        for name in ("enable_prefix_caching", "cuda_graphs", "tp_invariant"):
             value = getattr(self, name)
             _require(isinstance(value, bool), f"{name} must be a bool, got {value!r}")
+        if self.tp_invariant:
+            # The invariant merge is the ordered route's tree; fast kernels have no fixed order to keep.
+            _require(self.mode == "deterministic", f"tp_invariant needs mode='deterministic', got {self.mode!r}")
+            _require(self.all_reduce == "ordered", f"tp_invariant needs all_reduce='ordered', got {self.all_reduce!r}")
 
     @classmethod
     def from_dict(cls, values: dict) -> EngineConfig:

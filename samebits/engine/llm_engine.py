@@ -8,8 +8,8 @@ from __future__ import annotations
 import random
 import secrets
 
+from samebits.distributed import parallel_numerics, runner_for
 from samebits.engine.config import SEED_LIMIT, EngineConfig
-from samebits.engine.model_runner import ModelRunner
 from samebits.engine.output_processor import OutputProcessor
 from samebits.engine.outputs import EngineStats, RequestOutput
 from samebits.engine.sampling_params import SamplingParams, check_context_length
@@ -27,7 +27,7 @@ class LLMEngine:
         self.loaded = loaded or load_model(config.model, config.mode, config.device, config.dtype)
         self.tokenizer = self.loaded.tokenizer
         self.model_name = self.loaded.name
-        self.runner = ModelRunner(config, self.loaded)
+        self.runner = runner_for(config, self.loaded)
         self.max_model_len = self._max_model_len()
         if config.cuda_graphs:
             self.runner.enable_cuda_graphs(self.max_model_len)
@@ -50,7 +50,7 @@ class LLMEngine:
         if self._fingerprint is None:
             from samebits.runtime import fingerprint
 
-            self._fingerprint = fingerprint(self.config.mode)
+            self._fingerprint = fingerprint(self.config.mode, parallel_numerics(self.config))
         return self._fingerprint
 
     # ---- requests ------------------------------------------------------------------------------------------
