@@ -82,3 +82,12 @@ def test_negative_control_summed_all_reduce_tp2_differs_from_tp1(ckpt, det2, inv
     assert run(det2, ps, GREEDY) != plain, "TP=2 without the invariant mode gave TP=1's bits: no order is seen"
     assert run(invariant[2], ps, GREEDY) == run(invariant[1], ps, GREEDY)
 
+
+
+def test_fingerprint_names_tp_size_route_and_invariance(det2, invariant):
+    assert det2.engine.fingerprint()["tensor_parallel"] == {"size": 2, "all_reduce": "ordered", "invariant": False}
+    fp = invariant[4].engine.fingerprint()
+    assert fp["tensor_parallel"] == {"size": 4, "all_reduce": "ordered", "invariant": True}
+    one = invariant[1].engine.fingerprint()
+    assert one["tensor_parallel"] == {"size": 1, "all_reduce": None, "invariant": True}
+    assert len({det2.engine.fingerprint()["hash"], fp["hash"], one["hash"]}) == 3

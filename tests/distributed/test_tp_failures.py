@@ -7,12 +7,14 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from samebits.distributed import runner as tp_runner
 from samebits.distributed.runner import TPError
 from samebits.engine.sampling_params import SamplingParams
 from tests.distributed.helpers import checkpoint, make
+from tests.server.test_serve_command import free_port
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,21 +72,60 @@ def test_stuck_worker_times_out_instead_of_hanging(ckpt, monkeypatch):
     assert not wait_gone([worker.pid])
 
 
-def test_ctrl_c_and_a_killed_rank_0_end_every_process(ckpt):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    children = [subprocess.Popen([sys.executable, "-m", "tests.distributed.tp_child", ckpt], cwd=ROOT, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                 start_new_session=True) for _ in range(2)]
+def children_of(pid: int) -> list[int]:
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+
+
+def test_serve_over_two_ranks_then_ctrl_c_ends_every_process(ckpt):
+    """`samebits serve --tensor-parallel-size 2` answers with the TP headers; Ctrl-C (SIGINT to the whole
+    foreground group, as a terminal sends it) ends the server and its worker."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "samebits", "serve", ckpt, "--port", str(port), "--device", "cpu",
+           "--tensor-parallel-size", "2", "--tp-invariant", "--kv-cache-tokens", "2048", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     try:
-        workers = [int(c.stdout.readline()) for c in children]
-        time.sleep(0.5)  # inside the generate loop
-        os.killpg(children[0].pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
-        children[1].kill()  # rank 0 dies without a word
-        for c in children:
-            c.wait(GONE_S)
-        assert children[0].returncode != 0 and children[1].returncode == -signal.SIGKILL
-        assert not wait_gone(workers), "a worker outlived its rank 0"
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(proc, url)
+        r = httpx.post(f"{url}/v1/completions", timeout=60,
+                       json={"model": ckpt, "prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 3
+        h = r.headers
+        assert (h["x-samebits-tensor-parallel-size"], h["x-samebits-all-reduce"], h["x-samebits-tp-invariant"]) == (
+            "2", "ordered", "True")
+        workers = children_of(proc.pid)
+        assert workers, "no worker process"
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(GONE_S)
+        assert not wait_gone(workers), "a worker outlived the server"
     finally:
-        for c in children:
-            if c.poll() is None:
-                c.kill()
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_killed_rank_0_leaves_no_worker(ckpt):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, "-m", "tests.distributed.tp_child", ckpt], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        workers = [int(p) for p in child.stdout.readline().split()]
+        time.sleep(0.5)  # inside the generate loop
+        child.kill()  # rank 0 dies without a word
+        child.wait(GONE_S)
+        assert workers and not wait_gone(workers), "a worker outlived its rank 0"
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def wait_healthy(proc, url: str, limit: float = 90.0) -> None:
+    deadline = time.monotonic() + limit
+    while True:
+        assert proc.poll() is None, "the server exited"
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the server did not come up"
+        time.sleep(0.2)
