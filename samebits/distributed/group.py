@@ -19,9 +19,10 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def open_store(world: int, timeout_s: float) -> dist.TCPStore:
-    """Rank 0's rendezvous store on a free port (`store.port`), not waiting for the others to join."""
-    return dist.TCPStore(HOST, 0, world, True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+def open_store(world: int, timeout_s: float, port: int = 0) -> dist.TCPStore:
+    """Rank 0's rendezvous store on `port` (0: a free one, `store.port`), not waiting for the others to join."""
+    return dist.TCPStore(HOST, port, world, True, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
 
 
 def join_store(port: int, world: int, timeout_s: float) -> dist.TCPStore:

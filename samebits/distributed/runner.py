@@ -54,10 +54,11 @@ class TPRunner:
         self._stop = weakref.finalize(self, _stop_workers, self.procs, self.conns)
         store = open_store(self.world, timeout_s) if self.world > 1 else None
         try:
-            self._spawn(store, full, shards)
+            states = self._spawn(store, full, shards)  # kept until the workers hold their copies (CUDA IPC)
             group = Group.open(store, 0, self.world, self.device, timeout_s)
             self.rank0 = Rank(self.spec, 0, self.device, group, sh.shard_state(full, shards[0]))
             self._wait_ready()
+            del states
         except BaseException:
             self.close()
             raise
@@ -68,16 +69,18 @@ class TPRunner:
         self.graphs = None
 
     # ---- ranks ------------------------------------------------------------------------------------------------
-    def _spawn(self, store, full, shards) -> None:
-        ctx = mp.get_context("spawn")
+    def _spawn(self, store, full, shards) -> list[dict]:
+        ctx, states = mp.get_context("spawn"), []
         for s in shards[1:]:
             ours, theirs = ctx.Pipe()
+            states.append(sh.shard_state(full, s))
             p = ctx.Process(target=worker.main, daemon=True, name=f"samebits-tp-rank{s.rank}",
-                            args=(s.rank, self.spec, str(self.device), store.port, sh.shard_state(full, s), theirs))
+                            args=(s.rank, self.spec, str(self.device), store.port, states[-1], theirs))
             p.start()
             theirs.close()
             self.procs.append(p)
             self.conns.append(ours)
+        return states
 
     def _wait_ready(self) -> None:
         for rank, conn in enumerate(self.conns, start=1):
