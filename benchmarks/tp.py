@@ -187,7 +187,7 @@ def _collective_rank(rank: int, world: int, port: int, device: str, messages, re
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     store = open_store(world, 120, port) if rank == 0 else join_store(port, world, 120)
-    group = Group.open(store, rank, world, dev, 120)
+    group = Group.open(store, rank, world, dev, 120, 120)
     timings = {}
     for tokens, hidden in messages:
         x = torch.randn(tokens, hidden, device=dev)

@@ -38,15 +38,20 @@ class Group:
     pg: object | None = None
 
     @classmethod
-    def open(cls, store, rank: int, world: int, device: torch.device, timeout_s: float) -> Group:
+    def open(cls, store, rank: int, world: int, device: torch.device, start_s: float, timeout_s: float) -> Group:
+        """Joins within start_s (the ranks connecting: imports and loading may take long); then every collective
+        gets timeout_s."""
         if world == 1:
             return cls(0, 1)
-        timeout = datetime.timedelta(seconds=timeout_s)
+        start = datetime.timedelta(seconds=start_s)
         if backend_for(device) == "gloo":
-            return cls(rank, world, dist.ProcessGroupGloo(store, rank, world, timeout))
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return cls(rank, world, dist.ProcessGroupNCCL(store, rank, world, options))
+            pg = dist.ProcessGroupGloo(store, rank, world, start)
+        else:
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = start
+            pg = dist.ProcessGroupNCCL(store, rank, world, options)
+        pg._set_default_timeout(datetime.timedelta(seconds=timeout_s))
+        return cls(rank, world, pg)
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """[world, *x.shape]: every rank's x, in rank order."""

@@ -38,7 +38,8 @@ class RankSpec:
     route: str
     block_size: int
     num_blocks: int  # managed blocks; one more is the padding rows' scratch block
-    timeout_s: float
+    start_s: float  # joining the group, and a worker's start
+    timeout_s: float  # every collective
     threads: int
 
 

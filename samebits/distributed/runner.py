@@ -25,7 +25,8 @@ from samebits.distributed.rank import Rank, RankSpec, StepInputs
 from samebits.engine.model_runner import SampledStep, choose_num_blocks
 from samebits.engine.sampler import Sampler, SamplingBatch
 
-TIMEOUT_S = 300.0  # a collective, a worker's start (imports, proofs) or its shutdown may take this long at most
+TIMEOUT_S = 300.0  # a collective may take this long at most
+START_S = 600.0  # a worker's start (imports, its shard, the proofs) and joining the group
 _JOIN_S = 10.0
 
 
@@ -34,28 +35,27 @@ class TPError(RuntimeError):
 
 
 class TPRunner:
-    def __init__(self, engine_config, loaded, timeout_s: float | None = None):
+    def __init__(self, engine_config, loaded):
         self.config = engine_config
         self.model_config = loaded.config
         full = loaded.model
         self.device, self.dtype = full.device, full.dtype
         self.block_size = engine_config.block_size
         self.world = engine_config.tensor_parallel_size
-        self.timeout_s = timeout_s = timeout_s or TIMEOUT_S
         shards = [sh.Shard(r, self.world, engine_config.tp_invariant) for r in range(self.world)]
         sh.check_divisible(self.model_config, shards[0])
         local = sh.local_config(self.model_config, shards[0])
         self.num_blocks = choose_num_blocks(engine_config, local, self.dtype, self.device)
         self.scratch_block = self.num_blocks
         self.spec = RankSpec(self.model_config, full.ops.mode, self.dtype, self.world, engine_config.tp_invariant,
-                             engine_config.all_reduce, self.block_size, self.num_blocks, timeout_s,
+                             engine_config.all_reduce, self.block_size, self.num_blocks, START_S, TIMEOUT_S,
                              max(1, torch.get_num_threads() // self.world))
         self.procs, self.conns, self.error = [], [], None
         self._stop = weakref.finalize(self, _stop_workers, self.procs, self.conns)
-        store = open_store(self.world, timeout_s) if self.world > 1 else None
+        store = open_store(self.world, START_S) if self.world > 1 else None
         try:
             states = self._spawn(store, full, shards)  # kept until the workers hold their copies (CUDA IPC)
-            group = Group.open(store, 0, self.world, self.device, timeout_s)
+            group = Group.open(store, 0, self.world, self.device, START_S, TIMEOUT_S)
             self.rank0 = Rank(self.spec, 0, self.device, group, sh.shard_state(full, shards[0]))
             self._wait_ready()
             del states
@@ -84,8 +84,8 @@ class TPRunner:
 
     def _wait_ready(self) -> None:
         for rank, conn in enumerate(self.conns, start=1):
-            if not conn.poll(self.timeout_s):
-                raise TPError(f"rank {rank} did not start within {self.timeout_s:.0f} s")
+            if not conn.poll(START_S):
+                raise TPError(f"rank {rank} did not start within {START_S:.0f} s")
             kind, detail = conn.recv()
             if kind != "ready":
                 raise TPError(f"rank {rank} failed to start:\n{detail}")

@@ -47,7 +47,8 @@ def _serve(rank: int, spec: RankSpec, device: torch.device, port: int, state: di
     torch.set_num_threads(spec.threads)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    group = Group.open(join_store(port, spec.world, spec.timeout_s), rank, spec.world, device, spec.timeout_s)
+    store = join_store(port, spec.world, spec.start_s)
+    group = Group.open(store, rank, spec.world, device, spec.start_s, spec.timeout_s)
     worker = Rank(spec, rank, device, group, state)
     del state
     conn.send(("ready", None))

@@ -1,6 +1,6 @@
 """Issue 16's CPU proof (gloo, 2 and 4 ranks, one spawn per engine for the whole module).
 
-- deterministic mode at TP=2: a request's tokens and logprob bits are the same run to run, alone or among others, in
+- deterministic mode at TP=2 and 4: a request's tokens and logprob bits are the same run to run, alone or among others, in
   one prefill chunk or several (so whatever the number of tokens in the step);
 - TP-invariant mode: the same bits at TP=1, 2 and 4, for generate (greedy and sampled, top logprobs) and for score;
 - negative control: the plain summed all-reduce at TP=2 differs from TP=1 (without the invariant mode the K split
@@ -32,6 +32,13 @@ def det2(ckpt):
 
 
 @pytest.fixture(scope="module")
+def det4(ckpt):
+    """At 4 ranks the order of the cross-rank sum matters (at 2 it cannot: p0 + p1 = p1 + p0)."""
+    with engine(ckpt, tensor_parallel_size=4) as llm:
+        yield llm
+
+
+@pytest.fixture(scope="module")
 def invariant(ckpt):
     """TP-invariant engines at TP=1, 2, 4 (all alive for the module: 1 + 1 + 3 processes)."""
     with engine(ckpt, tp_invariant=True) as one, engine(ckpt, tensor_parallel_size=2, tp_invariant=True) as two, \
@@ -39,14 +46,16 @@ def invariant(ckpt):
         yield {1: one, 2: two, 4: four}
 
 
-def test_deterministic_tp2_same_bits_run_to_run_and_whatever_the_step(det2, seed):
+@pytest.mark.parametrize("tp", [2, 4])
+def test_deterministic_same_bits_run_to_run_and_whatever_the_step(tp, request, seed):
+    det = request.getfixturevalue(f"det{tp}")
     ps = prompts(8, seed, lo=40, hi=60)
     params = [GREEDY if i % 2 else sampled(seed + i) for i in range(len(ps))]
-    together = run(det2, ps, params)
-    assert run(det2, ps, params) == together, "TP=2 deterministic differs run to run"
+    together = run(det, ps, params)
+    assert run(det, ps, params) == together, f"TP={tp} deterministic differs run to run"
     # Together, the prompts pass the 256-token budget, so some prefill is cut into chunks; alone, none is.
     assert sum(map(len, ps)) > 256
-    alone = [run(det2, [p], [q])[0] for p, q in zip(ps, params)]
+    alone = [run(det, [p], [q])[0] for p, q in zip(ps, params)]
     assert alone == together, "a request's bits changed with the other requests (and tokens) in its steps"
 
 
