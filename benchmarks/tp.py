@@ -1,9 +1,9 @@
 """Tensor parallelism (issues 16, 17): bits across TP sizes and modes, throughput, batch-1 latency, all-reduce cost.
 
 For each TP size and mode, one engine over a random-weight model (rank 0 builds it, shards ship to the workers):
-- `invariant` (deterministic kernels, tp_invariant=True): every request's tokens and logprob bits must be equal at
+- `invariant` (deterministic kernels, all_reduce=invariant): every request's tokens and logprob bits must be equal at
   every TP size;
-- `deterministic` (tp_invariant=False, all_reduce=ordered): equal run to run at each size (the load runs twice);
+- `deterministic` (all_reduce=ordered): equal run to run at each size (the load runs twice);
 - `native` (deterministic kernels, the library's all-reduce): the route's speed reference;
 - `fast` (vendor kernels, native all-reduce): the negative control (its bits are expected to differ across sizes).
 64 requests (greedy and sampled, logprobs) at t=0 give the throughput; one request alone gives batch-1 decode latency.
@@ -44,11 +44,11 @@ SHAPES = {
             "num_layers": 4, "num_heads": 8, "num_kv_heads": 8, "head_dim": 64, "max_position_embeddings": 4096,
             "rope_theta": 500000.0},
 }
-MODES = {  # name -> (kernel mode, tp_invariant, all_reduce)
-    "invariant": ("deterministic", True, "ordered"),
-    "deterministic": ("deterministic", False, "ordered"),
-    "native": ("deterministic", False, "native"),
-    "fast": ("fast", False, "native"),
+MODES = {  # name -> (kernel mode, all_reduce)
+    "invariant": ("deterministic", "invariant"),
+    "deterministic": ("deterministic", "ordered"),
+    "native": ("deterministic", "native"),
+    "fast": ("fast", "native"),
 }
 
 
@@ -91,11 +91,11 @@ def workload(args, vocab: int):
 
 
 def build(args, mode: str, tp: int, loaded) -> LLMEngine:
-    kernels, invariant, route = MODES[mode]
+    kernels, route = MODES[mode]
     loaded.model.set_ops(get_ops(kernels, args.device))
     cfg = EngineConfig(model="random", mode=kernels, device=args.device, dtype=str(loaded.model.dtype),
                        max_num_batched_tokens=args.budget, max_num_seqs=256, kv_cache_tokens=args.kv_tokens,
-                       cuda_graphs=args.graphs, tensor_parallel_size=tp, tp_invariant=invariant, all_reduce=route)
+                       cuda_graphs=args.graphs, tensor_parallel_size=tp, all_reduce=route)
     return LLMEngine(cfg, loaded)
 
 

@@ -21,6 +21,6 @@ def runner_for(config, loaded):
 def parallel_numerics(config) -> dict:
     """The fingerprint's tensor-parallel fields: the TP size, the all-reduce route (None with no reduction across
     ranks) and whether TP-invariant mode is on."""
-    reduces = config.tensor_parallel_size > 1
-    return {"size": config.tensor_parallel_size, "all_reduce": config.all_reduce if reduces else None,
+    route = "ordered" if config.tp_invariant else config.all_reduce
+    return {"size": config.tensor_parallel_size, "all_reduce": route if config.tensor_parallel_size > 1 else None,
             "invariant": config.tp_invariant}

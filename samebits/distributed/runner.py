@@ -48,7 +48,7 @@ class TPRunner:
         self.num_blocks = choose_num_blocks(engine_config, local, self.dtype, self.device)
         self.scratch_block = self.num_blocks
         self.spec = RankSpec(self.model_config, full.ops.mode, self.dtype, self.world, engine_config.tp_invariant,
-                             engine_config.all_reduce, self.block_size, self.num_blocks, START_S, TIMEOUT_S,
+                             "native" if engine_config.all_reduce == "native" else "ordered", self.block_size, self.num_blocks, START_S, TIMEOUT_S,
                              max(1, torch.get_num_threads() // self.world))
         self.procs, self.conns, self.error = [], [], None
         self._stop = weakref.finalize(self, _stop_workers, self.procs, self.conns)
@@ -118,8 +118,11 @@ class TPRunner:
         raise TPError(self.error) from cause
 
     def close(self) -> None:
-        """Stop every worker (a no-op once stopped). The runner cannot step afterwards."""
+        """Stop every worker and rank 0's group (a no-op once stopped). The runner cannot step afterwards."""
         self._stop()
+        rank0 = getattr(self, "rank0", None)
+        if rank0 is not None:
+            rank0.model.group.close()
         if self.error is None:
             self.error = "closed"
 

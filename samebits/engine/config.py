@@ -5,14 +5,13 @@ import dataclasses
 from dataclasses import dataclass
 
 from samebits.dtypes import normalize_dtype
-from samebits.kernels.configs import TILE_CONFIGS
-from samebits.modes import check_mode
+from samebits.modes import TP_SIZES, check_mode
 
 POLICIES = ("dynamic", "bucketed")
 SEED_LIMIT = 2**63
-# Tensor parallelism (samebits/distributed/, docs/TP.md): sizes that cut TP_MAX shards evenly, and the all-reduce routes.
-TP_SIZES = tuple(1 << i for i in range(TILE_CONFIGS["tensor_parallel"]["config"]["tp_max"].bit_length()))
-ALL_REDUCE_ROUTES = ("ordered", "native")
+# The row-parallel sum across ranks (samebits/distributed/reduce.py, docs/TP.md): ordered (fixed tree in rank order),
+# native (the library's), invariant (TP-invariant mode: TP_MAX K-chunks at every size, one fixed tree).
+ALL_REDUCE_ROUTES = ("ordered", "native", "invariant")
 
 
 def _is_int(value) -> bool:
@@ -48,7 +47,6 @@ class EngineConfig:
     seed: int | None = None
     max_waiting: int | None = None
     tensor_parallel_size: int = 1
-    tp_invariant: bool = False
     all_reduce: str = "ordered"
 
     def __post_init__(self) -> None:
@@ -87,13 +85,12 @@ class EngineConfig:
                      f"{self.max_num_batched_tokens} < {self.max_num_seqs}")
 
     def _check_flags(self) -> None:
-        for name in ("enable_prefix_caching", "cuda_graphs", "tp_invariant"):
+        for name in ("enable_prefix_caching", "cuda_graphs"):
             value = getattr(self, name)
             _require(isinstance(value, bool), f"{name} must be a bool, got {value!r}")
-        if self.tp_invariant:
-            # The invariant merge is the ordered route's tree; fast kernels have no fixed order to keep.
-            _require(self.mode == "deterministic", f"tp_invariant needs mode='deterministic', got {self.mode!r}")
-            _require(self.all_reduce == "ordered", f"tp_invariant needs all_reduce='ordered', got {self.all_reduce!r}")
+        # Fast kernels keep no order for the invariant split to preserve.
+        _require(self.all_reduce != "invariant" or self.mode == "deterministic",
+                 f"all_reduce='invariant' needs mode='deterministic', got {self.mode!r}")
 
     @classmethod
     def from_dict(cls, values: dict) -> EngineConfig:
@@ -101,6 +98,10 @@ class EngineConfig:
         unknown = sorted(set(values) - known)
         _require(not unknown, f"unknown EngineConfig keys {unknown}; valid keys are {sorted(known)}")
         return cls(**values)
+
+    @property
+    def tp_invariant(self) -> bool:
+        return self.all_reduce == "invariant"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

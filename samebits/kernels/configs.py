@@ -4,6 +4,8 @@ The fingerprint hashes `numerics_profile()`: change a value here and every lock 
 """
 from __future__ import annotations
 
+from samebits.modes import TP_MAX
+
 # name -> {"config": ..., "why": ...}; filled by the kernels that own them.
 TILE_CONFIGS: dict[str, dict] = {}
 
@@ -146,7 +148,7 @@ TILE_CONFIGS["philox"] = {
 }
 
 TILE_CONFIGS["tensor_parallel"] = {
-    "config": {"tp_max": 8, "shards": "every sharded GEMM at the shape of one of tp_max shards",
+    "config": {"tp_max": TP_MAX, "shards": "every sharded GEMM at the shape of one of tp_max shards",
                "merge": "adjacent pairwise tree over the tp_max K-chunk partial sums, float32, rounded once"},
     "why": "TP-invariant mode (samebits/distributed/, docs/TP.md): the row-parallel linears' K is cut into tp_max "
     "equal chunks at every TP size, each chunk's float32 partial sum one GEMM of its own, and the partials merged by "

@@ -64,11 +64,10 @@ def test_unknown_device_is_one_line_error():
 
 
 def test_serve_has_the_tensor_parallel_flags(served):
-    res = run("serve", "/models/a", "--tensor-parallel-size", "4", "--tp-invariant", "--all-reduce", "ordered")
+    res = run("serve", "/models/a", "--tensor-parallel-size", "4", "--all-reduce", "invariant")
     assert res.exit_code == 0, res.output
     (config,) = served
-    assert (config.engine.tensor_parallel_size, config.engine.tp_invariant, config.engine.all_reduce) == (4, True,
-                                                                                                         "ordered")
+    assert (config.engine.tensor_parallel_size, config.engine.all_reduce) == (4, "invariant")
 
 
 def test_serve_bad_tensor_parallel_size_is_one_line_error(served):

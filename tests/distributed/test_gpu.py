@@ -48,11 +48,11 @@ def test_invariant_bits_equal_at_every_tp_size(ckpt, seed):
     ps = prompts(8, seed)
     params = [GREEDY if i % 2 else SamplingParams(max_tokens=8, temperature=0.8, seed=seed + i, logprobs=2,
                                                   ignore_eos=True) for i in range(len(ps))]
-    with make(ckpt, tp_invariant=True) as one:
+    with make(ckpt, all_reduce="invariant") as one:
         want = run(one, ps, params)
         scores = one.score(ps[:2], [[5, 6, 7], [8, 9]])
     for tp in (t for t in (2, 4, 8) if t <= GPUS):
-        with make(ckpt, tensor_parallel_size=tp, tp_invariant=True) as llm:
+        with make(ckpt, tensor_parallel_size=tp, all_reduce="invariant") as llm:
             assert run(llm, ps, params) == want, f"TP={tp}"
             assert llm.score(ps[:2], [[5, 6, 7], [8, 9]]) == scores, f"scores at TP={tp}"
 

@@ -41,8 +41,9 @@ def det4(ckpt):
 @pytest.fixture(scope="module")
 def invariant(ckpt):
     """TP-invariant engines at TP=1, 2, 4 (all alive for the module: 1 + 1 + 3 processes)."""
-    with engine(ckpt, tp_invariant=True) as one, engine(ckpt, tensor_parallel_size=2, tp_invariant=True) as two, \
-            engine(ckpt, tensor_parallel_size=4, tp_invariant=True) as four:
+    inv = {"all_reduce": "invariant"}
+    with engine(ckpt, **inv) as one, engine(ckpt, tensor_parallel_size=2, **inv) as two, \
+            engine(ckpt, tensor_parallel_size=4, **inv) as four:
         yield {1: one, 2: two, 4: four}
 
 

@@ -81,7 +81,7 @@ def test_serve_over_two_ranks_then_ctrl_c_ends_every_process(ckpt):
     foreground group, as a terminal sends it) ends the server and its worker."""
     port = free_port()
     cmd = [sys.executable, "-m", "samebits", "serve", ckpt, "--port", str(port), "--device", "cpu",
-           "--tensor-parallel-size", "2", "--tp-invariant", "--kv-cache-tokens", "2048", "--log-level", "warning"]
+           "--tensor-parallel-size", "2", "--all-reduce", "invariant", "--kv-cache-tokens", "2048", "--log-level", "warning"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:

@@ -9,7 +9,8 @@ def test_defaults_match_issue():
     assert (c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.block_size) == (256, 2048, None, 16)
     assert (c.kv_cache_tokens, c.enable_prefix_caching, c.cuda_graphs, c.seed, c.max_waiting) == (
         None, True, True, None, None)
-    assert (c.tensor_parallel_size, c.tp_invariant, c.all_reduce) == (1, False, "ordered")
+    assert (c.tensor_parallel_size, c.all_reduce, c.tp_invariant) == (1, "ordered", False)
+    assert EngineConfig(all_reduce="invariant").tp_invariant
 
 
 @pytest.mark.parametrize(
@@ -35,9 +36,7 @@ def test_defaults_match_issue():
         ({"tensor_parallel_size": 16}, "tensor_parallel_size", "(1, 2, 4, 8)"),
         ({"tensor_parallel_size": True}, "tensor_parallel_size", "(1, 2, 4, 8)"),
         ({"all_reduce": "ring"}, "all_reduce", "ordered"),
-        ({"tp_invariant": "yes"}, "tp_invariant", "bool"),
-        ({"tp_invariant": True, "mode": "fast"}, "tp_invariant", "deterministic"),
-        ({"tp_invariant": True, "all_reduce": "native"}, "tp_invariant", "ordered"),
+        ({"all_reduce": "invariant", "mode": "fast"}, "all_reduce='invariant'", "deterministic"),
     ],
 )
 def test_validation_names_field_and_limit(kwargs, field, limit):
