@@ -3,6 +3,10 @@ from __future__ import annotations
 
 # deterministic: samebits' invariant kernels (a row's bits never depend on its batch); fast: the vendor ops.
 MODES = ("deterministic", "fast")
+# Tensor-parallel sizes: the powers of two up to TP_MAX, the shard count of TP-invariant mode (kernels/configs.py
+# "tensor_parallel" holds it with its reason); here so that the torch-free config can check a size.
+TP_MAX = 8
+TP_SIZES = tuple(1 << i for i in range(TP_MAX.bit_length()))
 
 
 def check_mode(mode) -> str:

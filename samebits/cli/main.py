@@ -286,6 +286,9 @@ SERVE_HELP = {
     "kv_cache_tokens": "KV cache size in tokens (default: what the device memory allows).",
     "seed": "Seed of the server's seed stream for requests that send none.",
     "async_scheduling": "Launch step N+1 before step N is read back (default: on for CUDA, off on the CPU).",
+    "tensor_parallel_size": "Ranks (processes, one GPU each on CUDA) the model is sharded over: 1, 2, 4 or 8.",
+    "all_reduce": "Row-parallel sum across ranks: ordered (fixed order), native (NCCL's/gloo's own), or invariant "
+                  "(TP-invariant mode: the same bits at every tensor-parallel size; docs/TP.md).",
 }
 # One flag per field: the engine's fields first, then the server's own, each defaulting to the server's default.
 # MODEL may also come first, positionally, as in `vllm serve MODEL`.

@@ -5,10 +5,13 @@ import dataclasses
 from dataclasses import dataclass
 
 from samebits.dtypes import normalize_dtype
-from samebits.modes import check_mode
+from samebits.modes import TP_SIZES, check_mode
 
 POLICIES = ("dynamic", "bucketed")
 SEED_LIMIT = 2**63
+# The row-parallel sum across ranks (samebits/distributed/reduce.py, docs/TP.md): ordered (fixed tree in rank order),
+# native (the library's), invariant (TP-invariant mode: TP_MAX K-chunks at every size, one fixed tree).
+ALL_REDUCE_ROUTES = ("ordered", "native", "invariant")
 
 
 def _is_int(value) -> bool:
@@ -42,10 +45,12 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True
     # Schedule and launch step N+1 before step N's draws are read back (engine/llm_engine.py). None: on where the
-    # device computes asynchronously (CUDA), off on the CPU, where the host computes the step itself.
+    # device computes asynchronously (CUDA, one rank), off on the CPU, where the host computes the step itself.
     async_scheduling: bool | None = None
     seed: int | None = None
     max_waiting: int | None = None
+    tensor_parallel_size: int = 1
+    all_reduce: str = "ordered"
 
     def __post_init__(self) -> None:
         # Normalised in place so equal configs compare (and fingerprint) equal whatever spelling was used.
@@ -59,6 +64,10 @@ class EngineConfig:
         _require(isinstance(self.model, str) and self.model != "", f"model must be a non-empty str, got {self.model!r}")
         check_mode(self.mode)
         _require(self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}")
+        _require(self.tensor_parallel_size in TP_SIZES and _is_int(self.tensor_parallel_size),
+                 f"tensor_parallel_size must be one of {TP_SIZES}, got {self.tensor_parallel_size!r}")
+        _require(self.all_reduce in ALL_REDUCE_ROUTES,
+                 f"all_reduce must be one of {ALL_REDUCE_ROUTES}, got {self.all_reduce!r}")
         seed_ok = self.seed is None or (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT)
         _require(seed_ok, f"seed must be None or an int in [0, 2**63), got {self.seed!r}")
 
@@ -84,6 +93,12 @@ class EngineConfig:
             _require(isinstance(value, bool), f"{name} must be a bool, got {value!r}")
         value = self.async_scheduling
         _require(value is None or isinstance(value, bool), f"async_scheduling must be None or a bool, got {value!r}")
+        # The tensor-parallel runner reads every input from the host (samebits/distributed/runner.py).
+        _require(value is not True or self.tensor_parallel_size == 1,
+                 f"async_scheduling=True needs tensor_parallel_size=1, got {self.tensor_parallel_size}")
+        # Fast kernels keep no order for the invariant split to preserve.
+        _require(self.all_reduce != "invariant" or self.mode == "deterministic",
+                 f"all_reduce='invariant' needs mode='deterministic', got {self.mode!r}")
 
     @classmethod
     def from_dict(cls, values: dict) -> EngineConfig:
@@ -91,6 +106,10 @@ class EngineConfig:
         unknown = sorted(set(values) - known)
         _require(not unknown, f"unknown EngineConfig keys {unknown}; valid keys are {sorted(known)}")
         return cls(**values)
+
+    @property
+    def tp_invariant(self) -> bool:
+        return self.all_reduce == "invariant"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import random
 import secrets
 
+from samebits.distributed import parallel_numerics, runner_for
 from samebits.engine.config import SEED_LIMIT, EngineConfig
-from samebits.engine.model_runner import ModelRunner
 from samebits.engine.output_processor import OutputProcessor
 from samebits.engine.outputs import EngineStats, RequestOutput
 from samebits.engine.sampling_params import SamplingParams, check_context_length
@@ -32,12 +32,12 @@ class LLMEngine:
         self.loaded = loaded or load_model(config.model, config.mode, config.device, config.dtype)
         self.tokenizer = self.loaded.tokenizer
         self.model_name = self.loaded.name
-        self.runner = ModelRunner(config, self.loaded)
+        self.runner = runner_for(config, self.loaded)
         self.max_model_len = self._max_model_len()
         if config.cuda_graphs:
             self.runner.enable_cuda_graphs(self.max_model_len)
         self.overlap = config.async_scheduling if config.async_scheduling is not None \
-            else self.runner.device.type == "cuda"
+            else self.runner.device.type == "cuda" and config.tensor_parallel_size == 1
         self.scheduler = Scheduler.from_config(config, self.runner.num_blocks, self.max_model_len,
                                                max_inflight=2 if self.overlap else 1)
         self._inflight = None  # (SchedulerOutput, SampledStep) launched and not yet read back
@@ -59,7 +59,7 @@ class LLMEngine:
         if self._fingerprint is None:
             from samebits.runtime import fingerprint
 
-            self._fingerprint = fingerprint(self.config.mode)
+            self._fingerprint = fingerprint(self.config.mode, parallel_numerics(self.config))
         return self._fingerprint
 
     # ---- requests ------------------------------------------------------------------------------------------

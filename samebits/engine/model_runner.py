@@ -56,6 +56,14 @@ def _copy_to_host(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
 
 
+def sampling_batch(items, eos_token_ids) -> SamplingBatch:
+    """The SamplingBatch of the scheduled chunks `items` that sample. The position drawn at is the chunk's end, not
+    seq.num_tokens, which counts the pending slots."""
+    seqs = [s.seq for s in items]
+    return SamplingBatch.of([s.params for s in seqs], [s.seed for s in seqs], [s.sample_index for s in seqs],
+                            [s.context_len for s in items], seqs, eos_token_ids)
+
+
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * elem
@@ -202,11 +210,7 @@ class ModelRunner:
             return None
 
     def _sample(self, logits: torch.Tensor, items) -> SampledStep:
-        # The position drawn at is the chunk's end, not seq.num_tokens, which counts the pending slots.
-        seqs = [s.seq for s in items]
-        batch = SamplingBatch.of([s.params for s in seqs], [s.seed for s in seqs], [s.sample_index for s in seqs],
-                                 [s.context_len for s in items], seqs, self.eos_token_ids)
-        return SampledStep(seqs, self.sampler(logits, batch))
+        return SampledStep([s.seq for s in items], self.sampler(logits, sampling_batch(items, self.eos_token_ids)))
 
     @torch.inference_mode()
     def score_rows(self, item, skip: int, targets: list[int]) -> list[float]:

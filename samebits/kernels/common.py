@@ -45,6 +45,14 @@ def check_linear(x, weight, bias) -> None:
     check(x.dtype == weight.dtype, "linear", f"x is {x.dtype}, weight is {weight.dtype}")
 
 
+def check_linear_partials(x, weights) -> None:
+    require("linear_partials", x, weights)
+    check(weights.dim() == 3 and x.dim() == 2 and x.shape[1] == weights.shape[0] * weights.shape[2],
+          "linear_partials", f"x {tuple(x.shape)} and weights {tuple(weights.shape)}: need x [M, C*Kc], "
+          "weights [C, N, Kc]")
+    check(x.dtype == weights.dtype, "linear_partials", f"x is {x.dtype}, weights are {weights.dtype}")
+
+
 def check_matmul(a, b) -> None:
     require("matmul", a, b)
     check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0], "matmul",

@@ -4,6 +4,8 @@ The fingerprint hashes `numerics_profile()`: change a value here and every lock 
 """
 from __future__ import annotations
 
+from samebits.modes import TP_MAX
+
 # name -> {"config": ..., "why": ...}; filled by the kernels that own them.
 TILE_CONFIGS: dict[str, dict] = {}
 
@@ -151,6 +153,17 @@ TILE_CONFIGS["philox"] = {
     "config": {"rounds": 10, "uniform_bits": 24, "block": 1024},
     "why": "integer arithmetic only (exact everywhere), so the block size cannot change a bit; the 24-bit uniforms "
     "k * 2^-24 are exact in float32. rounds/bits are listed because changing them changes every sample.",
+}
+
+TILE_CONFIGS["tensor_parallel"] = {
+    "config": {"tp_max": TP_MAX, "shards": "every sharded GEMM at the shape of one of tp_max shards",
+               "merge": "adjacent pairwise tree over the tp_max K-chunk partial sums, float32, rounded once"},
+    "why": "TP-invariant mode (samebits/distributed/, docs/TP.md): the row-parallel linears' K is cut into tp_max "
+    "equal chunks at every TP size, each chunk's float32 partial sum one GEMM of its own, and the partials merged by "
+    "(c0+c1)+(c2+c3)... level by level; a rank at TP=t holds tp_max/t neighbouring chunks, so its local merge is a "
+    "subtree and the merge of the t gathered partials is the rest of the same tree: the order is a function of K and "
+    "tp_max, never of t. Column-parallel linears and the vocab-parallel head run one GEMM per shard of the "
+    "tp_max-way split, so every GEMM has the same shape at every t. 8: the largest TP of one H200 host (issue 17).",
 }
 
 # Compiler options passed to every Triton launch.

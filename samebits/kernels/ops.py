@@ -20,7 +20,7 @@ BACKENDS = {
     ("fast", "cpu"): "samebits.kernels.vendor",  # torch ops
     ("fast", "cuda"): "samebits.kernels.triton.fast",  # torch ops, the Triton attention block
 }
-OPS = ("linear", "matmul", "bmm", "rms_norm", "add_rms_norm", "softmax", "log_softmax", "silu_and_mul",
+OPS = ("linear", "linear_partials", "matmul", "bmm", "rms_norm", "add_rms_norm", "softmax", "log_softmax", "silu_and_mul",
        "det_sum_rows", "rope", "write_kv", "attention", "philox_uniforms")
 
 

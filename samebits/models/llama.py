@@ -34,6 +34,7 @@ _LAYER_PARAMS = {
     "mlp.up_proj.weight": ("gate_up_proj", "up"),
     "mlp.down_proj.weight": ("down_proj", None),
 }
+_BIASES = {"qkv_proj": "qkv_bias", "o_proj": "o_bias"}
 _TOP_PARAMS = {"model.embed_tokens.weight": "embed_tokens", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
 # Buffers some checkpoints carry that hold nothing we need (recomputed from the config).
@@ -113,7 +114,7 @@ class LlamaModel(nn.Module):
     def _attention(self, layer: DecoderLayer, x, positions, k_cache, v_cache, meta):
         cfg, ops = self.config, self.ops
         t, d = x.shape[0], cfg.head_dim
-        qkv = ops.linear(x, layer.qkv_proj, layer.qkv_bias)
+        qkv = self._linear(layer, "qkv_proj", x)
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q = q.reshape(t, cfg.num_heads, d).contiguous()
         k = k.reshape(t, cfg.num_kv_heads, d).contiguous()
@@ -123,7 +124,7 @@ class LlamaModel(nn.Module):
         q, k = ops.rope(q, k, positions, self.cos_sin)
         ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = ops.attention(q, k_cache, v_cache, meta, d ** -0.5)
-        return ops.linear(out.reshape(t, cfg.q_size), layer.o_proj, layer.o_bias)
+        return self._linear(layer, "o_proj", out.reshape(t, cfg.q_size))
 
     def _head_norm(self, x, weight):
         """Qwen3's per-head RMSNorm over head_dim, before RoPE."""
@@ -131,8 +132,14 @@ class LlamaModel(nn.Module):
         return self.ops.rms_norm(x.reshape(t * heads, d), weight, self.config.rms_norm_eps).reshape(t, heads, d)
 
     def _mlp(self, layer: DecoderLayer, x):
-        gate_up = self.ops.linear(x, layer.gate_up_proj)
-        return self.ops.linear(self.ops.silu_and_mul(gate_up), layer.down_proj)
+        gate_up = self._linear(layer, "gate_up_proj", x)
+        return self._linear(layer, "down_proj", self.ops.silu_and_mul(gate_up))
+
+    def _linear(self, layer: DecoderLayer, name: str, x):
+        """The layer's linear `name` (qkv_proj, o_proj, gate_up_proj, down_proj) with its bias; the one seam tensor
+        parallelism overrides to run it on shards (samebits/distributed/model.py)."""
+        bias = getattr(layer, _BIASES[name]) if name in _BIASES else None
+        return self.ops.linear(x, getattr(layer, name), bias)
 
     # ---- weights -------------------------------------------------------------------------------------------------
 

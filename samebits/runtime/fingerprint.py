@@ -164,8 +164,9 @@ def _hash(fields: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def fingerprint(mode: str = "deterministic") -> dict:
-    """Everything that can change output bits. `hash` is stable across processes on one machine and stack."""
+def fingerprint(mode: str = "deterministic", tensor_parallel: dict | None = None) -> dict:
+    """Everything that can change output bits. `hash` is stable across processes on one machine and stack.
+    `tensor_parallel`: the engine's TP size, all-reduce route and TP-invariant switch (distributed/__init__.py)."""
     import torch
 
     profile = numerics_profile()
@@ -180,6 +181,7 @@ def fingerprint(mode: str = "deterministic") -> dict:
         "cpu_threads": torch.get_num_threads(),
         **_mkl_fields(torch),
         "mode": mode,
+        "tensor_parallel": tensor_parallel or {"size": 1, "all_reduce": None, "invariant": False},
         "numerics_profile": hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()[:16],
         "vendor_gemm": _vendor_gemm_verdicts(),
         "cpu_gemm": _cpu_gemm_verdicts(),

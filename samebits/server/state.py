@@ -27,6 +27,9 @@ def numerics_headers(fp: dict) -> dict[str, str]:
         "Driver-Version": fp["driver"],
         "Kernel-Flags": fp["numerics_profile"],
         "Mode": fp["mode"],
+        "Tensor-Parallel-Size": fp["tensor_parallel"]["size"],
+        "All-Reduce": fp["tensor_parallel"]["all_reduce"],
+        "TP-Invariant": fp["tensor_parallel"]["invariant"],
     }
     return {f"X-Samebits-{k}": _header_value(v) for k, v in fields.items()}
 

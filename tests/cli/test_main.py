@@ -61,3 +61,16 @@ def test_unknown_device_is_one_line_error():
     res = run("serve", "--device", "tpu")
     assert_one_line_error(res)
     assert "unknown device 'tpu'" in res.output
+
+
+def test_serve_has_the_tensor_parallel_flags(served):
+    res = run("serve", "/models/a", "--tensor-parallel-size", "4", "--all-reduce", "invariant")
+    assert res.exit_code == 0, res.output
+    (config,) = served
+    assert (config.engine.tensor_parallel_size, config.engine.all_reduce) == (4, "invariant")
+
+
+def test_serve_bad_tensor_parallel_size_is_one_line_error(served):
+    res = run("serve", "/models/a", "--tensor-parallel-size", "3")
+    assert_one_line_error(res)
+    assert "tensor_parallel_size must be one of (1, 2, 4, 8), got 3" in res.output and served == []

@@ -9,6 +9,8 @@ def test_defaults_match_issue():
     assert (c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.block_size) == (256, 2048, None, 16)
     assert (c.kv_cache_tokens, c.enable_prefix_caching, c.cuda_graphs, c.seed, c.max_waiting) == (
         None, True, True, None, None)
+    assert (c.tensor_parallel_size, c.all_reduce, c.tp_invariant) == (1, "ordered", False)
+    assert EngineConfig(all_reduce="invariant").tp_invariant
 
 
 @pytest.mark.parametrize(
@@ -30,6 +32,11 @@ def test_defaults_match_issue():
         ({"enable_prefix_caching": None}, "enable_prefix_caching", "bool"),
         ({"policy": "bucketed", "max_num_seqs": 64, "max_num_batched_tokens": 32}, "max_num_batched_tokens",
          ">= max_num_seqs"),
+        ({"tensor_parallel_size": 3}, "tensor_parallel_size", "(1, 2, 4, 8)"),
+        ({"tensor_parallel_size": 16}, "tensor_parallel_size", "(1, 2, 4, 8)"),
+        ({"tensor_parallel_size": True}, "tensor_parallel_size", "(1, 2, 4, 8)"),
+        ({"all_reduce": "ring"}, "all_reduce", "ordered"),
+        ({"all_reduce": "invariant", "mode": "fast"}, "all_reduce='invariant'", "deterministic"),
     ],
 )
 def test_validation_names_field_and_limit(kwargs, field, limit):
@@ -58,3 +65,9 @@ def test_frozen_and_replace():
     with pytest.raises(ValueError, match="unknown"):
         c.replace(nope=1)
     assert EngineConfig.from_dict(c.to_dict()) == c
+
+
+def test_async_scheduling_needs_one_rank():
+    with pytest.raises(ValueError, match="async_scheduling=True needs tensor_parallel_size=1, got 2"):
+        EngineConfig(async_scheduling=True, tensor_parallel_size=2)
+    assert EngineConfig(tensor_parallel_size=2).async_scheduling is None, "unset, the engine leaves it off at TP > 1"

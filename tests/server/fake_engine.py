@@ -72,7 +72,8 @@ class FakeLLMEngine:
 
     def fingerprint(self) -> dict:
         return {"samebits": "0.1.0", "torch": "fake", "cuda_runtime": None, "cublas": None, "driver": None,
-                "mode": "deterministic", "numerics_profile": "fakeprofile", "hash": "fakehash0123"}
+                "mode": "deterministic", "numerics_profile": "fakeprofile", "hash": "fakehash0123",
+                "tensor_parallel": {"size": 1, "all_reduce": None, "invariant": False}}
 
     def draw_seed(self) -> int:
         self._drawn = getattr(self, "_drawn", 0) + 1

@@ -11,7 +11,8 @@ from tests.server.conftest import MODEL_NAME
 
 NUMERICS_HEADERS = ("x-samebits-fingerprint", "x-samebits-engine-version", "x-samebits-torch-version",
                     "x-samebits-cuda-version", "x-samebits-cublas-version", "x-samebits-driver-version",
-                    "x-samebits-kernel-flags", "x-samebits-mode", "x-request-id")
+                    "x-samebits-kernel-flags", "x-samebits-mode", "x-samebits-tensor-parallel-size",
+                    "x-samebits-all-reduce", "x-samebits-tp-invariant", "x-request-id")
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,15 @@ def linear(x, weight, bias=None):
     return y.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
 
 
+def linear_partials(x, weights):
+    """x [M, C*Kc], weights [C, N, Kc] -> float32 [C, M, N]: the partial sums of x @ W^T over K cut into C equal
+    chunks, each one proven GEMM of its own (what a row-parallel shard of 1/C of K computes; distributed/reduce.py
+    merges them)."""
+    common.check_linear_partials(x, weights)
+    c, n, kc = weights.shape
+    return torch.stack([blocked_gemm(x[:, i * kc:(i + 1) * kc], weights[i])[:, :n] for i in range(c)])
+
+
 def matmul(a, b):
     """a [M, K] @ b [K, N] -> [M, N] in a.dtype (b is laid out as [N, K] once, the route's one layout)."""
     common.check_matmul(a, b)

@@ -25,6 +25,13 @@ def linear(x, weight, bias=None):
     return tri_matmul.linear(x, weight, bias)
 
 
+def linear_partials(x, weights):
+    """x [M, C*Kc], weights [C, N, Kc] -> float32 [C, M, N]: one Triton matmul per K chunk with a float32 output, so
+    each chunk's sum is the canonical kernel's (K in sequence, BK steps) and nothing is rounded before the merge."""
+    common.check_linear_partials(x, weights)
+    return tri_matmul.linear_partials(x, weights)
+
+
 def matmul(a, b):
     """a [M, K] @ b [K, N] -> [M, N] in a.dtype."""
     common.check_matmul(a, b)

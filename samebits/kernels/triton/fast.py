@@ -10,6 +10,7 @@ from samebits.kernels.vendor import (  # noqa: F401
     bmm,
     det_sum_rows,
     linear,
+    linear_partials,
     log_softmax,
     matmul,
     rms_norm,

@@ -72,8 +72,9 @@ def tile_for(m: int, table=None) -> list:
     raise AssertionError("the matmul table's last row must cover every M")
 
 
-def matmul_kn(a, b, bias=None, config=None):
-    """a [M, K] @ b [K, N] (+ bias [N]) -> [M, N] in a.dtype. b may be a transposed view (F.linear weights)."""
+def matmul_kn(a, b, bias=None, config=None, out_dtype=None):
+    """a [M, K] @ b [K, N] (+ bias [N]) -> [M, N] in out_dtype (default a.dtype). a and b may be strided views (a K
+    slice of activations, F.linear weights transposed)."""
     assert a.dim() == 2 and b.dim() == 2, f"matmul: a {tuple(a.shape)} and b {tuple(b.shape)} must be 2-D"
     assert a.shape[1] == b.shape[0], f"matmul: a {tuple(a.shape)} @ b {tuple(b.shape)}: inner dims differ"
     assert a.dtype == b.dtype and a.dtype in _FP, f"matmul: dtypes {a.dtype}/{b.dtype} unsupported"
@@ -81,7 +82,7 @@ def matmul_kn(a, b, bias=None, config=None):
     assert bias is None or (bias.shape == (b.shape[1],) and bias.is_contiguous()), "matmul: bias must be [N], dense"
     m, k = a.shape
     n = b.shape[1]
-    c = torch.empty(m, n, device=a.device, dtype=a.dtype)
+    c = torch.empty(m, n, device=a.device, dtype=out_dtype or a.dtype)
     if m == 0 or n == 0:
         return c
     if k == 0:
@@ -111,3 +112,13 @@ def linear(x, weight, bias=None, config=None):
     x2 = x.reshape(-1, x.shape[-1])
     y = matmul_kn(x2, weight.t(), bias, config)
     return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def linear_partials(x, weights, config=None):
+    """x [M, C*Kc], weights [C, N, Kc] -> float32 [C, M, N]: chunk i is x[:, i*Kc:(i+1)*Kc] @ weights[i]^T, read in
+    place, accumulated and stored in float32."""
+    c, n, kc = weights.shape
+    out = torch.empty(c, x.shape[0], n, device=x.device, dtype=torch.float32)
+    for i in range(c):
+        out[i] = matmul_kn(x[:, i * kc:(i + 1) * kc], weights[i].t(), None, config, torch.float32)
+    return out

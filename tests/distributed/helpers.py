@@ -1,0 +1,76 @@
+"""Shared by the tensor-parallel tests: a tiny checkpoint every TP size can shard, engines, and bit keys."""
+from __future__ import annotations
+
+import contextlib
+import random
+
+import torch
+
+from samebits.engine.llm import LLM
+from samebits.models.testing import write_tiny_checkpoint
+
+# Heads, KV heads and intermediate units divisible by TP_MAX=8 (TP-invariant mode cuts them in 8); GQA (2 heads per
+# KV head); qkv biases (qwen2); a vocabulary of 1001, not a multiple of 8, so the head's zero padding is exercised.
+SHAPE = {"hidden_size": 128, "intermediate_size": 256, "vocab_size": 1001, "num_attention_heads": 16,
+         "num_key_value_heads": 8, "head_dim": 8}
+
+
+def checkpoint(path) -> str:
+    return str(write_tiny_checkpoint(path, "qwen2", seed=3, **SHAPE))
+
+
+def make(ckpt: str, **kw) -> LLM:
+    kw = {"device": "cpu", "kv_cache_tokens": 4096, "max_num_batched_tokens": 256, **kw}
+    return LLM(model=ckpt, **kw)
+
+
+@contextlib.contextmanager
+def engine(ckpt: str, **kw):
+    llm = make(ckpt, **kw)
+    try:
+        yield llm
+    finally:
+        close = getattr(llm.engine.runner, "close", None)
+        if close is not None:
+            close()
+
+
+def prompts(n: int, seed: int, lo: int = 3, hi: int = 40) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 1001) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def bits(values) -> list[int]:
+    return torch.tensor(values, dtype=torch.float32).view(torch.int32).tolist()
+
+
+def key(out) -> list[tuple]:
+    """Token ids, the float32 bits of every logprob and of every top logprob, per sample."""
+    return [(tuple(c.token_ids), bits(c.token_logprobs),
+             [sorted((t, bits([v])[0]) for t, v in top.items()) for top in (c.top_logprobs or [])])
+            for c in out.outputs]
+
+
+def run(llm: LLM, ps, params) -> list:
+    return [key(o) for o in llm.generate(ps, params, use_tqdm=False)]
+
+
+def reduction_rank(rank: int, world: int, port: int, seed: int, results) -> None:
+    """One rank of test_collectives.py: per route, how many elements of a T-row reduction differ from the same rows
+    reduced inside a 4096-row message (the number of tokens in the step is all that changes)."""
+    from samebits.distributed.group import Group, join_store, open_store
+    from samebits.distributed.reduce import reduce_partials
+
+    torch.set_num_threads(1)
+    store = open_store(world, 60, port) if rank == 0 else join_store(port, world, 60)
+    group = Group.open(store, rank, world, torch.device("cpu"), 60, 60)
+    g = torch.Generator().manual_seed(seed + rank)
+    partial = torch.randn(4096, 512, generator=g) * torch.logspace(-4, 4, 512)  # magnitudes where order shows
+    counts = {}
+    for route in ("ordered", "native"):
+        full = reduce_partials(partial.clone(), group, route)
+        counts[route] = sum(int((reduce_partials(partial[:t].clone(), group, route).view(torch.int32)
+                                 != full[:t].view(torch.int32)).sum()) for t in (1, 3, 17, 64, 1000))
+    if rank == 0:
+        results.put(counts)
+    group.close()
