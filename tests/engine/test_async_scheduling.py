@@ -65,7 +65,9 @@ def bits(logprobs):
 
 @pytest.mark.parametrize("kv_cache_tokens", [4096, 320])  # 320: preemption by recompute while a step is ahead
 def test_bits_equal_with_and_without_async_scheduling(loaded, kv_cache_tokens, seed):
-    reqs = workload(seed)
+    # Four long greedy requests need 4 x 100 tokens of KV at once: with 320, preemption is certain, whatever the seed.
+    long = [([7 + i] * 60, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)) for i in range(4)]
+    reqs = long + workload(seed)
     sync, depth_sync = run(engine(loaded, False, kv_cache_tokens=kv_cache_tokens, max_num_seqs=8), reqs)
     ahead_engine = engine(loaded, True, kv_cache_tokens=kv_cache_tokens, max_num_seqs=8)
     ahead, depth = run(ahead_engine, reqs)

@@ -39,7 +39,10 @@ class DynamicPolicy:
     """vLLM-v1 style unified step. Running sequences first (oldest first), one chunk each: a decode is 1 token, a
     prefill (or a recompute after preemption) takes what the budget leaves; then waiting sequences are admitted FCFS.
     Decodes come before prefills without a separate pass: a newcomer is only admitted with budget to spare, so every
-    running prefill is younger than every running decode (the soak test checks this)."""
+    running prefill is younger than every running decode (the soak test checks this) -- except for a sequence passed
+    over while its request held its cap of running slots (scheduler.py), whose later prefill may precede younger
+    decodes. Iterating in arrival order keeps preemption safe: the victim (the latest arrival) is never a sequence
+    already scheduled in this step."""
 
     name = "dynamic"
 

@@ -25,6 +25,9 @@ from samebits.engine.scheduler.policies import DynamicPolicy
 from samebits.engine.sequence import FINISH_STATUS, Finish, Sequence, SequenceStatus, ends_by_length, make_sequences
 
 _POLICY_TYPES = {p.name: p for p in (DynamicPolicy, BucketedPolicy)}
+# One running slot in this many is kept from a request that holds all the others, so a request arriving behind one
+# with many samples is admitted at the next step instead of after the first of them finishes (docs/SECURITY.md).
+RESERVED_SLOT_EVERY = 16
 
 
 class QueueFull(RuntimeError):
@@ -51,6 +54,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_waiting = max_waiting
         self.max_inflight = max_inflight
+        self.per_request_cap = max_num_seqs - max_num_seqs // RESERVED_SLOT_EVERY
         self.policy = make_policy(policy, max_num_seqs, max_num_batched_tokens, **policy_options)
         self._validate()
         self.waiting: list[Sequence] = []  # sorted by arrival, preempted ones included
@@ -173,21 +177,32 @@ class Scheduler:
         self.num_preemptions += 1
 
     def admit(self, budget: int, max_chunk: int | None = None) -> ScheduledSeq | None:
-        """Admit the head of the waiting queue (FCFS: if it does not fit, nobody behind it jumps the queue)."""
+        """Admit the oldest waiting sequence whose request is under its cap (FCFS otherwise: if it does not fit,
+        nobody behind it jumps the queue)."""
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return None
-        seq = self.waiting[0]
-        if seq.num_pending:  # preempted before its draw was read back: its prefix hashes need that token
+        seq = self._next_admissible()
+        if seq is None or seq.num_pending:  # preempted before its draw was read back: its prefix hashes need that token
             return None
         n = min(seq.num_tokens - self.bm.num_cached_prefix_tokens(seq), budget, max_chunk or budget)
         if not self.bm.can_allocate(seq, n):
             return None
-        self.waiting.pop(0)
+        self.waiting.remove(seq)
         self.bm.allocate(seq, n)
         seq.status = SequenceStatus.RUNNING
         bisect.insort(self.running, seq, key=lambda s: s.arrival)
         self._unadmitted.discard(seq.request_id)
         return self._item(seq, n)
+
+    def _next_admissible(self) -> Sequence | None:
+        """The oldest waiting sequence whose request holds fewer than per_request_cap running slots."""
+        for seq in self.waiting:
+            if self._num_running(seq.request_id) < self.per_request_cap:
+                return seq
+        return None
+
+    def _num_running(self, request_id: str) -> int:
+        return sum(s.status is SequenceStatus.RUNNING for s in self.requests[request_id])
 
     @staticmethod
     def _item(seq: Sequence, n: int) -> ScheduledSeq:

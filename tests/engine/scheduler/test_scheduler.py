@@ -487,3 +487,28 @@ def test_core_is_torch_free():
             "samebits.engine.output_processor; "
             "from samebits.engine import Scheduler, SamplingParams; assert 'torch' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, check=False).returncode == 0
+
+
+@pytest.mark.parametrize("reserve", [True, False])
+def test_a_small_request_behind_a_wide_one_is_admitted_at_once(reserve, monkeypatch):
+    """No request holds every running slot: one behind a request of max_num_seqs samples starts at the next step,
+    not when the first of them finishes. Negative control: without the reserved slot it waits ~all of their tokens."""
+    from samebits.engine.scheduler import scheduler as scheduler_module
+
+    if not reserve:
+        monkeypatch.setattr(scheduler_module, "RESERVED_SLOT_EVERY", 1 << 30)
+    sched = make(num_blocks=400, max_num_seqs=16, max_num_batched_tokens=64, max_model_len=128)
+    add(sched, "wide", [1, 2, 3], n=16, max_tokens=60, ignore_eos=True)
+    runner, waited = FakeRunner(sched), None
+    for step in range(200):
+        if step == 3:
+            (small,) = add(sched, "small", [4, 5], max_tokens=2, ignore_eos=True)
+        out = sched.schedule()
+        finish_step(sched, out, runner.run(out))
+        if step >= 3 and waited is None and small.status is not SequenceStatus.WAITING:
+            waited = step - 3
+    assert sched.per_request_cap == (15 if reserve else 16)
+    if reserve:
+        assert waited == 0, "admitted in the first step after it arrived"
+    else:
+        assert waited >= 55, f"FCFS behind 16 running samples of 60 tokens: waited {waited} steps"
