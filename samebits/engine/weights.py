@@ -33,6 +33,9 @@ def update_weights(engine, source, version: str | None = None) -> str:
     digest of the new weights)."""
     if engine.has_unfinished_requests():
         raise EngineBusy("update_weights: requests are in flight; update between rollout batches")
+    if engine.config.tensor_parallel_size > 1:  # the runner's model is rank 0's shard, the workers hold the rest
+        raise WeightsError(f"update_weights: tensor_parallel_size={engine.config.tensor_parallel_size} is not "
+                           "supported yet; only tensor_parallel_size=1")
     model = engine.runner.model
     pairs = plan(model, tensors_of(source))
     with torch.no_grad():

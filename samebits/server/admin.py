@@ -18,6 +18,7 @@ from starlette.responses import Response
 from samebits.server.errors import APIError, invalid
 from samebits.server.requests import read_model
 from samebits.server.responses import json_response
+from samebits.server.state import numerics_headers
 
 
 class UpdateWeightsRequest(BaseModel):
@@ -35,6 +36,8 @@ def add_admin_routes(app: FastAPI, state) -> None:
         version = await state.ae.call(_updater(tensors, req.version))
         state.fingerprint.clear()
         state.fingerprint.update(state.engine.fingerprint())
+        state.headers.clear()
+        state.headers.update(numerics_headers(state.fingerprint))  # the middleware's headers name the new weights
         return json_response(_weights(state, version), {})
 
     @app.get("/admin/weights")

@@ -45,7 +45,9 @@ class GuardMiddleware:
     def __init__(self, app, numerics_headers: dict[str, str], api_keys: tuple[str, ...], max_header_count: int,
                  max_header_bytes: int, on_error=None):
         self.app = app
-        self.static = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in numerics_headers.items()]
+        # The server's live dict: a weights update (server/admin.py) rewrites it, so it is encoded again when changed.
+        self.numerics = numerics_headers
+        self._encoded: tuple[dict, list] = ({}, [])
         self.keys = tuple(k.encode("utf-8") for k in api_keys)
         self.max_count = max_header_count
         self.max_bytes = max_header_bytes
@@ -64,8 +66,15 @@ class GuardMiddleware:
             return await error_response(problem)(scope, receive, send)
         await self.app(scope, receive, send)
 
+    def _numerics(self) -> list[tuple[bytes, bytes]]:
+        seen, encoded = self._encoded
+        if seen != self.numerics:
+            encoded = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.numerics.items()]
+            self._encoded = (dict(self.numerics), encoded)
+        return encoded
+
     def _decorated(self, send, rid: str, authenticated: bool):
-        extra = (self.static if authenticated else []) + [(b"x-request-id", rid.encode("latin-1"))]
+        extra = (self._numerics() if authenticated else []) + [(b"x-request-id", rid.encode("latin-1"))]
 
         async def wrapped(message):
             if message["type"] == "http.response.start":

@@ -128,3 +128,12 @@ def test_busy_engine_is_refused(llm):
 def test_unknown_source_type_is_refused(llm):
     with pytest.raises(TypeError, match="expected a mapping of tensors or a torch module, got int"):
         llm.update_weights(3)
+
+
+def test_tensor_parallel_engine_is_refused(llm, monkeypatch):
+    """A sharded engine's runner holds rank 0's shard only: refused whole, before any copy."""
+    before = {n: p.clone() for n, p in llm.engine.runner.model.named_parameters()}
+    monkeypatch.setattr(llm.engine, "config", llm.engine.config.replace(tensor_parallel_size=2))
+    with pytest.raises(WeightsError, match="tensor_parallel_size=2 is not supported yet"):
+        llm.update_weights(random_weights(llm.engine.loaded.config, seed=3))
+    assert all(torch.equal(p, before[n]) for n, p in llm.engine.runner.model.named_parameters())

@@ -28,6 +28,7 @@ def complete(http) -> dict:
     body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 5, "temperature": 0.8, "seed": 4, "logprobs": 0}
     r = http.post("/v1/completions", json=body, headers=AUTH)
     assert r.status_code == 200, r.text
+    assert r.headers["x-samebits-fingerprint"] == r.json()["system_fingerprint"], "the header names the same weights"
     return r.json()
 
 
