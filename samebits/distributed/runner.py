@@ -17,12 +17,11 @@ import weakref
 import torch
 import torch.multiprocessing as mp
 
-from samebits.arith import cdiv
 from samebits.distributed import shard as sh
 from samebits.distributed import worker
 from samebits.distributed.group import Group, open_store
 from samebits.distributed.rank import Rank, RankSpec, StepInputs
-from samebits.engine.model_runner import SampledStep, choose_num_blocks, sampling_batch
+from samebits.engine.model_runner import SampledStep, choose_num_blocks, flatten, sampling_batch
 from samebits.engine.sampler import Sampler
 
 TIMEOUT_S = 300.0  # a collective may take this long at most
@@ -137,20 +136,9 @@ class TPRunner:
         self.sampler = Sampler(ops)
 
     def _inputs(self, scheduled, padding, rows) -> StepInputs:
-        ids, pos, q_lens, ctx_lens, tables = [], [], [], [], []
-        for s in scheduled:
-            ids += s.token_ids
-            pos += range(s.start, s.context_len)
-            q_lens.append(s.num_new_tokens)
-            ctx_lens.append(s.context_len)
-            tables.append(list(s.seq.block_table))
-        for k in padding:  # as model_runner.py: a dummy sees only itself, on the scratch block
-            ids += [0] * k
-            pos += range(k)
-            q_lens.append(k)
-            ctx_lens.append(k)
-            tables.append([self.scratch_block] * cdiv(k, self.block_size))
-        return StepInputs(ids, list(pos), q_lens, ctx_lens, tables, list(rows))
+        ids, pos, q_lens, ctx_lens, tables = flatten(scheduled, padding, self.scratch_block, self.block_size)
+        # Copies: the tables go to the workers and must not follow the sequences' later growth.
+        return StepInputs(ids, list(pos), q_lens, ctx_lens, [list(t) for t in tables], list(rows))
 
     def forward(self, scheduled, padding: tuple[int, ...] = ()) -> torch.Tensor:
         return self._run(self._inputs(scheduled, padding, []))[0]

@@ -56,6 +56,25 @@ def _copy_to_host(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
 
 
+def flatten(scheduled, padding: tuple[int, ...], scratch_block: int, block_size: int):
+    """A step's chunks as one batch: token ids, positions, query and context lengths, block tables; then the padding
+    dummies. A dummy sees only itself; its rows wrap onto the one scratch block, whose contents nobody reads."""
+    ids, pos, q_lens, ctx_lens, tables = [], [], [], [], []
+    for s in scheduled:
+        ids += s.token_ids
+        pos += range(s.start, s.context_len)
+        q_lens.append(s.num_new_tokens)
+        ctx_lens.append(s.context_len)
+        tables.append(s.seq.block_table)
+    for k in padding:
+        ids += [0] * k
+        pos += range(k)
+        q_lens.append(k)
+        ctx_lens.append(k)
+        tables.append([scratch_block] * cdiv(k, block_size))
+    return ids, pos, q_lens, ctx_lens, tables
+
+
 def sampling_batch(items, eos_token_ids) -> SamplingBatch:
     """The SamplingBatch of the scheduled chunks `items` that sample. The position drawn at is the chunk's end, not
     seq.num_tokens, which counts the pending slots."""
@@ -131,28 +150,11 @@ class ModelRunner:
         if self.graphs is not None:  # captured graphs hold the old kernels
             self.enable_cuda_graphs(self.graphs.max_model_len)
 
-    def _flatten(self, scheduled, padding: tuple[int, ...]):
-        ids, pos, q_lens, ctx_lens, tables = [], [], [], [], []
-        for s in scheduled:
-            ids += s.token_ids
-            pos += range(s.start, s.context_len)
-            q_lens.append(s.num_new_tokens)
-            ctx_lens.append(s.context_len)
-            tables.append(s.seq.block_table)
-        for k in padding:
-            # A dummy sees only itself; its rows wrap onto the one scratch block, whose contents nobody reads.
-            ids += [0] * k
-            pos += range(k)
-            q_lens.append(k)
-            ctx_lens.append(k)
-            tables.append([self.scratch_block] * cdiv(k, self.block_size))
-        return ids, pos, q_lens, ctx_lens, tables
-
     @torch.inference_mode()
     def forward(self, scheduled, padding: tuple[int, ...] = (), fill_pending=None) -> torch.Tensor:
         """Hidden states [T, H] of every scheduled token in schedule order, then the padding dummies' rows.
         `fill_pending(input_ids)` writes the ids still on the device (see `execute`)."""
-        ids, pos, q_lens, ctx_lens, tables = self._flatten(scheduled, padding)
+        ids, pos, q_lens, ctx_lens, tables = flatten(scheduled, padding, self.scratch_block, self.block_size)
         meta = AttentionMetadata.build(q_lens, ctx_lens, tables, self.block_size, self.device)
         input_ids = to_device(ids, torch.int64, self.device)
         positions = to_device(pos, torch.int64, self.device)
