@@ -135,8 +135,10 @@ class OutputProcessor:
     def _output(self, request_id: str) -> RequestOutput:
         req = self.requests[request_id]
         finished = all(s.is_finished for s in req.seqs)
+        scheduled = [s.first_scheduled for s in req.seqs if s.first_scheduled is not None]
         out = RequestOutput(request_id, req.prompt, req.prompt_token_ids, [self._completion(s) for s in req.seqs],
-                            req.seqs[0].num_cached_tokens, req.seed, self.fingerprint(), finished)
+                            req.seqs[0].num_cached_tokens, req.seed, self.fingerprint(), finished,
+                            first_scheduled_time=min(scheduled, default=None))
         if finished:
             self.forget(request_id)
         return out

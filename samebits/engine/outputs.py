@@ -96,6 +96,8 @@ class RequestOutput:
     finished: bool = False
     # vLLM's prompt_logprobs: None for the first prompt token, then {token_id: Logprob} (SamplingParams.prompt_logprobs).
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    # time.monotonic() when the first of its samples was scheduled; None before that (vLLM's first_scheduled_time).
+    first_scheduled_time: float | None = None
 
 
 @dataclass

@@ -62,6 +62,8 @@ class Sequence:
     # Trailing token slots whose draw is still on the device (0; 1 between a step and its read-back; 2 while a step
     # is scheduled ahead of the read-back, engine/llm_engine.py). The resolved tokens are those before them.
     num_pending: int = 0
+    # time.monotonic() when the scheduler first admitted it (for queue and prefill time metrics; never numerics).
+    first_scheduled: float | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)

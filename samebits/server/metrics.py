@@ -6,8 +6,8 @@ cache, preemptions) is read at scrape time from the snapshot the engine thread t
 come from the AsyncEngine; latencies and per-request sizes are observed as the outputs reach the event loop, per
 sample where vLLM counts per (child) request: finish reasons, generated tokens, inter-token latency.
 
-vLLM's `request_queue_time_seconds` and `request_prefill_time_seconds` are not exported: they need the time a request
-was first scheduled, which no engine output carries yet (docs/grafana.json says which panels stay empty).
+Queue time runs from a request's arrival at the AsyncEngine to its first scheduling (`RequestOutput.
+first_scheduled_time`, the scheduler's admission), prefill time from there to its first output, as vLLM defines them.
 """
 from __future__ import annotations
 
@@ -91,6 +91,10 @@ class _RequestMetrics:
                          "name for inter_token_latency_seconds).", ITL_BUCKETS))
         self.decode = hist("request_decode_time_seconds", "Time from a request's first token to its last.",
                            LATENCY_BUCKETS)
+        self.queue = hist("request_queue_time_seconds", "Time from a request's arrival to its first scheduling.",
+                          LATENCY_BUCKETS)
+        self.prefill = hist("request_prefill_time_seconds", "Time from a request's first scheduling to its first "
+                            "token.", LATENCY_BUCKETS)
         self.prompt = hist("request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
         self.generation = hist("request_generation_tokens", "Generated tokens per sample.", TOKEN_BUCKETS)
         self.max_generation = hist("request_max_num_generation_tokens", "Most tokens any sample of a request "
@@ -107,6 +111,9 @@ class _RequestMetrics:
         seen = self._progress.get(stream)
         if seen is None:
             seen = self._progress[stream] = _Progress(now, now, generated)
+            if out.first_scheduled_time is not None:  # both on time.monotonic()
+                self.queue.observe(max(0.0, out.first_scheduled_time - stream.arrival))
+                self.prefill.observe(max(0.0, now - out.first_scheduled_time))
         else:
             for _ in range(generated - seen.generated):  # one observation per output token
                 for h in self.itl:

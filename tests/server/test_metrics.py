@@ -84,6 +84,9 @@ def test_per_request_series_count_what_the_requests_did(server):
     assert delta("request_max_num_generation_tokens", ("samebits:request_max_num_generation_tokens_sum", ())) == \
         4 + 8 + stopped_at
     assert delta("request_prompt_tokens", ("samebits:request_prompt_tokens_count", ())) == 3
+    for name in ("request_queue_time_seconds", "request_prefill_time_seconds"):  # one per request, at its first output
+        assert delta(name, (f"samebits:{name}_count", ())) == 3
+        assert delta(name, (f"samebits:{name}_sum", ())) > 0
 
 
 def test_the_grafana_dashboard_queries_only_exported_series(server):

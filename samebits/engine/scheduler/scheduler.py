@@ -12,6 +12,7 @@ Which chunks run together is the policy's choice (policies.py: "dynamic"; bucket
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -189,6 +190,8 @@ class Scheduler:
             return None
         self.waiting.remove(seq)
         self.bm.allocate(seq, n)
+        if seq.first_scheduled is None:
+            seq.first_scheduled = time.monotonic()
         seq.status = SequenceStatus.RUNNING
         bisect.insort(self.running, seq, key=lambda s: s.arrival)
         self._unadmitted.discard(seq.request_id)
