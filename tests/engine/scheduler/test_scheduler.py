@@ -282,14 +282,27 @@ def test_preemption_victim_is_latest_arrival_and_goes_to_front():
     assert b.num_generated > 0, "generated tokens are kept and recomputed"
 
 
-def test_outputs_are_a_function_of_the_request_alone():
-    """Budget, pool size, seq cap, prefix caching and policy change who runs together, never the tokens."""
+def outcome_requests():
     rng = random.Random(7)
     shared = [rng.randrange(1, VOCAB) for _ in range(24)]
     reqs = []
     for i in range(24):
         prompt = shared[: rng.randrange(0, 24)] + [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 30))]
         reqs.append((f"r{i}", prompt, {"max_tokens": rng.randrange(1, 20), "n": rng.choice([1, 1, 2])}))
+    return reqs
+
+
+def outcome(cfg, runner_type=None):
+    """The requests' tokens and finish reasons under scheduler options `cfg`, and the preemption count."""
+    sched = make(block_size=4, max_model_len=96, **cfg)
+    seqs = [s for rid, p, kw in outcome_requests() for s in add(sched, rid, p, **kw)]
+    drive(sched, runner=runner_type(sched) if runner_type else None)
+    return results(seqs), sched.num_preemptions
+
+
+def test_outputs_are_a_function_of_the_request_alone():
+    """Budget, pool size, seq cap, prefix caching, policy and scheduling one step ahead change who runs together,
+    never the tokens."""
     configs = [
         {"num_blocks": 400, "max_num_batched_tokens": 2048},
         {"num_blocks": 400, "max_num_batched_tokens": 7},
@@ -301,15 +314,23 @@ def test_outputs_are_a_function_of_the_request_alone():
         {"num_blocks": 24, "max_num_batched_tokens": 64, "max_inflight": 2},
         {"num_blocks": 30, "policy": "bucketed", "max_num_seqs": 16, "max_num_batched_tokens": 64, "max_inflight": 2},
     ]
-    outcomes, preemptions = [], []
-    for cfg in configs:
-        sched = make(block_size=4, max_model_len=96, **cfg)
-        seqs = [s for rid, p, kw in reqs for s in add(sched, rid, p, **kw)]
-        drive(sched)
-        outcomes.append(results(seqs))
-        preemptions.append(sched.num_preemptions)
+    outcomes, preemptions = zip(*(outcome(cfg) for cfg in configs))
     assert all(o == outcomes[0] for o in outcomes[1:])
     assert preemptions[0] == 0 and all(preemptions[i] > 0 for i in (2, 5, 7, 8)), preemptions
+
+
+class BatchCoupledRunner(FakeRunner):
+    """A model whose draw also sees how many chunks share the step: what a batch-variant kernel does."""
+
+    def run(self, out, previous=None):
+        sampled = super().run(out, previous)
+        return {k: StepResult((r.token_id + len(out.scheduled)) % VOCAB, 0.0, {}) for k, r in sampled.items()}
+
+
+def test_negative_control_a_batch_coupled_model_is_caught():
+    ample, _ = outcome({"num_blocks": 400}, BatchCoupledRunner)
+    tight, _ = outcome({"num_blocks": 24, "max_num_batched_tokens": 64, "max_inflight": 2}, BatchCoupledRunner)
+    assert ample != tight
 
 
 def test_bucketed_shapes():
