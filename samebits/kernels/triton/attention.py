@@ -35,9 +35,9 @@ LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x * scale) == exp2(x *
 
 @triton.jit
 def _tile_step(qt, m, l, acc, K, V, bt_row, n0, last, pos, h,
-            qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-            MASKED: tl.constexpr):
+               qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+               BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+               MASKED: tl.constexpr):
     # qt [D, BQ]; m, l [BQ] fp32 (log2 domain); acc [D, BQ] fp32; keys n0..n0+BLOCK_N-1 gathered via the block table.
     # MASKED=False is only used for tiles whose every key every live row sees: there the causal mask and the
     # live-row selects are identities, so both variants give a row the same bits (the diagonal tiles use MASKED).
@@ -158,12 +158,12 @@ def _paged_attention_kernel(
             full_hi = tl.minimum(kv_lo + tl.maximum(first_pos + 1 - kv_lo, 0) // BLOCK_N * BLOCK_N, kv_hi)
             for n0 in range(kv_lo, full_hi, BLOCK_N):
                 m, l, acc = _tile_step(qt, m, l, acc, K, V, bt_row, n0, last, pos, h, qk_scale,
-                                    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                    BLOCK_N, D, BS, UPCAST, IEEE, False)
+                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                       BLOCK_N, D, BS, UPCAST, IEEE, False)
             for n0 in range(full_hi, kv_hi, BLOCK_N):
                 m, l, acc = _tile_step(qt, m, l, acc, K, V, bt_row, n0, last, pos, h, qk_scale,
-                                    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                    BLOCK_N, D, BS, UPCAST, IEEE, True)
+                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                       BLOCK_N, D, BS, UPCAST, IEEE, True)
             if PARTIAL:
                 ok = row_ok & (pos >= kv_lo)
                 p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx  # [BQ]
