@@ -45,8 +45,9 @@ def wall_ms(engine, steps: int) -> float:
     return 1e3 * (time.perf_counter() - t) / steps
 
 
-def host_hotspots(engine, steps: int, top: int = 15) -> list:
-    """The host functions a step spends its own time in (cProfile tottime, ms per step): where the GPU waits."""
+def host_hotspots(engine, steps: int, top: int = 15) -> tuple[list, list]:
+    """The host functions a step spends its own time in (cProfile tottime, ms per step), and samebits' functions by
+    cumulative time (which phase of the step holds that time): where the GPU waits."""
     import cProfile
     import pstats
 
@@ -57,17 +58,20 @@ def host_hotspots(engine, steps: int, top: int = 15) -> list:
     e2e.sync()
     prof.disable()
     stats = pstats.Stats(prof).stats
-    rows = sorted(((f"{Path(f).name}:{line}({fn})", v[2] / steps * 1e3) for (f, line, fn), v in stats.items()),
-                  key=lambda x: -x[1])
-    return rows[:top]
+    own = sorted(((f"{Path(f).name}:{line}({fn})", v[2] / steps * 1e3) for (f, line, fn), v in stats.items()),
+                 key=lambda x: -x[1])
+    cum = sorted(((f"{Path(f).parent.name}/{Path(f).name}:{line}({fn})", v[3] / steps * 1e3)
+                  for (f, line, fn), v in stats.items() if "samebits" in f), key=lambda x: -x[1])
+    return own[:top], cum[:2 * top]
 
 
-def busy_ms(engine, steps: int) -> tuple[float, list]:
-    """GPU time per step, the kernels' own time summed (the profiler's self device time), and the top kernels."""
+def busy_ms(engine, steps: int) -> tuple[float, list, list]:
+    """GPU time per step, the kernels' own time summed (the profiler's self device time), the top kernels, and the
+    host ops by their own CPU time (ms per step; a Triton launch shows as its kernel's name)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = e2e.DEVICE == "cuda"
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         for _ in range(steps):
             engine.step()
         e2e.sync()
@@ -75,7 +79,9 @@ def busy_ms(engine, steps: int) -> tuple[float, list]:
     own = [(e.key[:60], (e.self_device_time_total if cuda else e.self_cpu_time_total) / steps / 1e3) for e in events]
     total = sum(ms for _, ms in own)
     top = sorted(own, key=lambda x: -x[1])[:6]
-    return total, top
+    host = sorted(((e.key[:60], e.self_cpu_time_total / steps / 1e3, e.count // steps) for e in events),
+                  key=lambda x: -x[1])[:20]
+    return total, top, host
 
 
 def measure(loaded, mode: str, overlap: bool, batches, prompt_len: int, steps: int) -> list[dict]:
@@ -85,10 +91,12 @@ def measure(loaded, mode: str, overlap: bool, batches, prompt_len: int, steps: i
         for batch in batches:
             fill(engine, batch, prompt_len, loaded.config.vocab_size)
             wall = wall_ms(engine, steps)
-            busy, top = busy_ms(engine, min(steps, 8))
+            busy, top, host_ops = busy_ms(engine, min(steps, 8))
+            own, cum = host_hotspots(engine, min(steps, 8))
             rows.append({"mode": mode, "async_scheduling": overlap, "batch": batch, "wall_ms": wall, "gpu_busy_ms": busy,
                          "host_exposed": 1 - busy / wall, "top_kernels_ms": top,
-                         "host_tottime_ms": host_hotspots(engine, min(steps, 8))})
+                         "host_ops_ms_calls": host_ops, "host_tottime_ms": own,
+                         "host_cumtime_ms": cum})
             print(json.dumps(rows[-1]), flush=True)
             for i in range(batch):
                 engine.abort_request(f"{batch}-{i}")

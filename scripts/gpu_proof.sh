@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU proof in one call (device machine: image python, PYTHONPATH=., no install except carried wheels).
-# Usage: bash scripts/gpu_proof.sh [tests|probe|kernels|attention|e2e|server ...]; results under $OUT.
+# Usage: bash scripts/gpu_proof.sh [tests|probe|kernels|attention|e2e|server|steps|rl|tp1 ...]; results under $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 OUT=${OUT:-out}
@@ -32,6 +32,9 @@ for step in $steps; do
     e2e-quick) python3 benchmarks/e2e.py --out "$OUT" --quick --requests 64 --skip-hf ;;
     server) python3 benchmarks/server.py --out "$OUT" ;;
     steps) python3 benchmarks/steps.py --out "$OUT" ;;
+    steps256) python3 benchmarks/steps.py --out "$OUT" --batches 256 ;;
+    rl) python3 benchmarks/rl.py --out "$OUT" ;;
+    tp1) python3 benchmarks/tp.py --device cuda --shape 8b --tp 1 --modes deterministic,invariant --graphs --out "$OUT" ;;
     check) for mode in deterministic fast; do check_endpoint "$mode"; done ;;
     *) echo "unknown step $step" >&2 ;;
   esac
