@@ -72,6 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--solo-budget-s", type=float, default=300.0,
                    help="stop replaying solo runs after this long (the JSON says how many were checked)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-offline", action="store_true", help="skip the same workload through the offline engine")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args(argv)
 
@@ -173,6 +174,25 @@ async def fire(url: str, reqs: list[dict], concurrency: int) -> tuple[list[Resul
         return list(results), time.perf_counter() - start
 
 
+def offline_run(engine, reqs: list[dict]) -> tuple[list[Result], float]:
+    """The same requests straight into the engine (no HTTP, no engine thread): the throughput serving is held to."""
+    from samebits.engine.sampling_params import SamplingParams
+
+    for i, r in enumerate(reqs):
+        engine.add_request(f"offline-{i}", r["prompt"], SamplingParams(
+            temperature=r["temperature"], seed=r["seed"], max_tokens=r["max_tokens"], logprobs=0, ignore_eos=True))
+    results = {}
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                c = out.outputs[0]
+                results[int(out.request_id.split("-")[1])] = Result(0, 200, list(c.token_ids), list(c.token_logprobs))
+    wall = time.perf_counter() - start
+    engine.scheduler.reset_prefix_cache()  # the server's run must not find these prompts cached
+    return [results[i] for i in range(len(reqs))], wall
+
+
 def solo_runs(url: str, reqs: list[dict], budget_s: float) -> tuple[list[Result], float]:
     start, out = time.perf_counter(), []
     for i, req in enumerate(reqs):
@@ -221,14 +241,19 @@ def run(args) -> dict:
         t0 = time.perf_counter()
         engine = build_engine(args)
         load_s = time.perf_counter() - t0
+        offline = None
+        if not args.skip_offline:
+            reqs = make_requests(args, engine.loaded.config.vocab_size, engine.max_model_len)
+            offline_run(engine, [{**reqs[0], "max_tokens": 4}])  # warm-up: allocations, graph capture
+            offline = offline_run(engine, reqs)
         server = ServerThread(build_app(AsyncEngine(engine, max_waiting=config.engine.max_waiting), config), config)
         try:
-            return measure(args, engine, server.url, load_s)
+            return measure(args, engine, server.url, load_s, offline)
         finally:
             server.stop()
 
 
-def measure(args, engine, url: str, load_s: float) -> dict:
+def measure(args, engine, url: str, load_s: float, offline: tuple[list[Result], float] | None) -> dict:
     vocab = engine.loaded.config.vocab_size
     reqs = make_requests(args, vocab, engine.max_model_len)
     asyncio.run(fire(url, [{**reqs[0], "max_tokens": 4}], 1))  # warm-up: first-call allocations, graph capture
@@ -236,6 +261,13 @@ def measure(args, engine, url: str, load_s: float) -> dict:
     solo, solo_wall = solo_runs(url, reqs, args.solo_budget_s)
     report = summarize(results, wall, solo, solo_wall, reqs)
     report["load_s"] = load_s
+    if offline is not None:
+        ran, offline_wall = offline
+        tokens = sum(len(r.ids) for r in ran)
+        report["offline"] = {"wall_s": offline_wall, "output_tokens_per_s": tokens / offline_wall,
+                             "server_over_offline": report["output_tokens_per_s"] / (tokens / offline_wall),
+                             "equal_to_server": sum((a.ids, a.logprobs) == (b.ids, b.logprobs)
+                                                    for a, b in zip(ran, results))}
     report["fingerprint"] = httpx.get(f"{url}/version", timeout=30).json()
     report["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     report["first_failures"] = [asdict(r) | {"ids": None, "logprobs": None} for r in results if r.error][:5]
@@ -252,6 +284,10 @@ def main(argv=None) -> int:
     print(f"{report['requests']} requests, {report['output_tokens']} tokens in {report['wall_s']:.1f}s = "
           f"{report['output_tokens_per_s']:.0f} tok/s; solo-checked {s['checked']}: {s['equal']} equal, "
           f"mismatched {s['mismatched']}; failed {report['failed']}; wrote {path}")
+    if "offline" in report:
+        o = report["offline"]
+        print(f"offline engine: {o['output_tokens_per_s']:.0f} tok/s in {o['wall_s']:.1f}s; server / offline = "
+              f"{o['server_over_offline']:.2f}; {o['equal_to_server']} of {report['requests']} equal to the server's")
     return 0 if report["all_checked_equal"] else 1
 
 

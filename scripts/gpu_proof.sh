@@ -30,7 +30,7 @@ for step in $steps; do
     attention) python3 benchmarks/attention.py --out "$OUT" ;;
     e2e) python3 benchmarks/e2e.py --out "$OUT" ;;
     e2e-quick) python3 benchmarks/e2e.py --out "$OUT" --quick --requests 64 --skip-hf ;;
-    server) python3 benchmarks/server.py --out "$OUT" ;;
+    server) python3 benchmarks/server.py --random-shape 8b --solo-budget-s 60 --out "$OUT" ;;
     steps) python3 benchmarks/steps.py --out "$OUT" ;;
     steps256) python3 benchmarks/steps.py --out "$OUT" --batches 256 ;;
     rl) python3 benchmarks/rl.py --out "$OUT" ;;
