@@ -3,13 +3,8 @@ mode whose bits are the same at every TP size (docs/TP.md). `runner_for` picks t
 from __future__ import annotations
 
 
-def uses_tp(config) -> bool:
-    """Whether the engine runs the sharded model: TP > 1, or TP-invariant mode (its TP=1 path computes TP_MAX shards)."""
-    return config.tensor_parallel_size > 1 or config.tp_invariant
-
-
 def runner_for(config, loaded):
-    if not uses_tp(config):
+    if not config.sharded:
         from samebits.engine.model_runner import ModelRunner
 
         return ModelRunner(config, loaded)

@@ -37,7 +37,7 @@ class LLMEngine:
         if config.cuda_graphs:
             self.runner.enable_cuda_graphs(self.max_model_len)
         self.overlap = config.async_scheduling if config.async_scheduling is not None \
-            else self.runner.device.type == "cuda" and config.tensor_parallel_size == 1
+            else self.runner.device.type == "cuda" and not config.sharded
         self.scheduler = Scheduler.from_config(config, self.runner.num_blocks, self.max_model_len,
                                                max_inflight=2 if self.overlap else 1)
         self._inflight = None  # (SchedulerOutput, SampledStep) launched and not yet read back

@@ -43,6 +43,20 @@ def make(ckpt, **kw):
     return engine(ckpt, device="cuda", cuda_graphs=False, **kw)
 
 
+def test_invariant_mode_on_one_gpu_with_graphs_repeats_and_differs_from_deterministic(ckpt, seed):
+    """TP-invariant mode at TP=1 on CUDA (the sharded runner; async scheduling left off by default, which the first H200
+    run of benchmarks/tp.py did not), with decode graphs: run to run and alone equal; the plain deterministic kernels
+    give other logprob bits (a K split of 8 chunks against one chunk: the negative control)."""
+    ps = prompts(6, seed)
+    with engine(ckpt, device="cuda", all_reduce="invariant") as llm:
+        assert not llm.engine.overlap
+        together = run(llm, ps, GREEDY)
+        assert run(llm, ps, GREEDY) == together
+        assert run(llm, ps[:1], GREEDY) == together[:1]
+    with engine(ckpt, device="cuda") as plain:
+        assert run(plain, ps, GREEDY) != together
+
+
 @multi_gpu
 def test_invariant_bits_equal_at_every_tp_size(ckpt, seed):
     ps = prompts(8, seed)
