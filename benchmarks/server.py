@@ -72,6 +72,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--solo-budget-s", type=float, default=300.0,
                    help="stop replaying solo runs after this long (the JSON says how many were checked)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--switch-interval", type=float, default=None,
+                   help="sys.setswitchinterval for the run: how long the engine thread may wait for the GIL")
     p.add_argument("--skip-offline", action="store_true", help="skip the same workload through the offline engine")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args(argv)
@@ -174,6 +176,29 @@ async def fire(url: str, reqs: list[dict], concurrency: int) -> tuple[list[Resul
         return list(results), time.perf_counter() - start
 
 
+class StepLog:
+    """engine.step wrapped: each step's duration and running batch, to tell a slower step (the GIL shared with the
+    event loop) from smaller batches (requests arriving late) or an idle engine thread (waits between steps)."""
+
+    def __init__(self, engine) -> None:
+        self.step, self.rows = engine.step, []
+        engine.step = self
+
+    def __call__(self):
+        start = time.perf_counter()
+        running = self.step.__self__.scheduler.stats()["num_running"]
+        out = self.step()
+        self.rows.append((start, time.perf_counter() - start, running))
+        return out
+
+    def summary(self, since: float, until: float) -> dict:
+        rows = [r for r in self.rows if since <= r[0] < until]
+        busy = sum(r[1] for r in rows)
+        return {"steps": len(rows), "in_step_s": busy, "between_steps_s": (until - since) - busy,
+                "mean_step_ms": 1e3 * busy / max(1, len(rows)),
+                "mean_running": statistics.fmean(r[2] for r in rows) if rows else 0.0}
+
+
 def offline_run(engine, reqs: list[dict]) -> tuple[list[Result], float]:
     """The same requests straight into the engine (no HTTP, no engine thread): the throughput serving is held to."""
     from samebits.engine.sampling_params import SamplingParams
@@ -191,6 +216,21 @@ def offline_run(engine, reqs: list[dict]) -> tuple[list[Result], float]:
     wall = time.perf_counter() - start
     engine.scheduler.reset_prefix_cache()  # the server's run must not find these prompts cached
     return [results[i] for i in range(len(reqs))], wall
+
+
+def fire_elsewhere(url: str, reqs: list[dict], concurrency: int) -> tuple[list[Result], float, float]:
+    """`fire` from a child process: the client's JSON and HTTP work must not take the server's GIL, as a real
+    client's does not. Also returns when it started (perf_counter is the system's monotonic clock on Linux)."""
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_fire_sync, url, reqs, concurrency).result()
+
+
+def _fire_sync(url: str, reqs: list[dict], concurrency: int) -> tuple[list[Result], float, float]:
+    start = time.perf_counter()
+    return (*asyncio.run(fire(url, reqs, concurrency)), start)
 
 
 def solo_runs(url: str, reqs: list[dict], budget_s: float) -> tuple[list[Result], float]:
@@ -241,30 +281,35 @@ def run(args) -> dict:
         t0 = time.perf_counter()
         engine = build_engine(args)
         load_s = time.perf_counter() - t0
+        log = StepLog(engine)
         offline = None
         if not args.skip_offline:
             reqs = make_requests(args, engine.loaded.config.vocab_size, engine.max_model_len)
-            offline_run(engine, [{**reqs[0], "max_tokens": 4}])  # warm-up: allocations, graph capture
-            offline = offline_run(engine, reqs)
+            # Warm-up at every shape the workload meets (route proofs, compiles, graph captures), for both runs.
+            offline_run(engine, [{**r, "max_tokens": 4} for r in reqs])
+            t = time.perf_counter()
+            offline = (*offline_run(engine, reqs), log.summary(t, time.perf_counter()))
         server = ServerThread(build_app(AsyncEngine(engine, max_waiting=config.engine.max_waiting), config), config)
         try:
-            return measure(args, engine, server.url, load_s, offline)
+            return measure(args, engine, server.url, load_s, offline, log)
         finally:
             server.stop()
 
 
-def measure(args, engine, url: str, load_s: float, offline: tuple[list[Result], float] | None) -> dict:
+def measure(args, engine, url: str, load_s: float, offline: tuple | None, log: StepLog) -> dict:
     vocab = engine.loaded.config.vocab_size
     reqs = make_requests(args, vocab, engine.max_model_len)
     asyncio.run(fire(url, [{**reqs[0], "max_tokens": 4}], 1))  # warm-up: first-call allocations, graph capture
-    results, wall = asyncio.run(fire(url, reqs, args.concurrency or len(reqs)))
+    results, wall, start = fire_elsewhere(url, reqs, args.concurrency or len(reqs))
+    served = log.summary(start, start + wall)
     solo, solo_wall = solo_runs(url, reqs, args.solo_budget_s)
     report = summarize(results, wall, solo, solo_wall, reqs)
     report["load_s"] = load_s
+    report["engine_steps"] = served
     if offline is not None:
-        ran, offline_wall = offline
+        ran, offline_wall, steps = offline
         tokens = sum(len(r.ids) for r in ran)
-        report["offline"] = {"wall_s": offline_wall, "output_tokens_per_s": tokens / offline_wall,
+        report["offline"] = {"wall_s": offline_wall, "output_tokens_per_s": tokens / offline_wall, "engine_steps": steps,
                              "server_over_offline": report["output_tokens_per_s"] / (tokens / offline_wall),
                              "equal_to_server": sum((a.ids, a.logprobs) == (b.ids, b.logprobs)
                                                     for a, b in zip(ran, results))}
@@ -277,8 +322,13 @@ def measure(args, engine, url: str, load_s: float, offline: tuple[list[Result], 
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    report = run(args)
-    path = args.out / "server_bench.json"
+    default = sys.getswitchinterval()
+    sys.setswitchinterval(args.switch_interval or default)
+    try:
+        report = run(args)
+    finally:
+        sys.setswitchinterval(default)
+    path = args.out / (f"server_bench.si{args.switch_interval}.json" if args.switch_interval else "server_bench.json")
     path.write_text(json.dumps(report, indent=2) + "\n")
     s = report["solo"]
     print(f"{report['requests']} requests, {report['output_tokens']} tokens in {report['wall_s']:.1f}s = "
@@ -288,6 +338,9 @@ def main(argv=None) -> int:
         o = report["offline"]
         print(f"offline engine: {o['output_tokens_per_s']:.0f} tok/s in {o['wall_s']:.1f}s; server / offline = "
               f"{o['server_over_offline']:.2f}; {o['equal_to_server']} of {report['requests']} equal to the server's")
+        for name, st in (("offline", o["engine_steps"]), ("server", report["engine_steps"])):
+            print(f"  {name}: {st['steps']} steps, {st['mean_step_ms']:.2f} ms each, {st['mean_running']:.0f} running, "
+                  f"{st['in_step_s']:.1f} s in steps, {st['between_steps_s']:.1f} s between")
     return 0 if report["all_checked_equal"] else 1
 
 
