@@ -78,7 +78,7 @@ def busy_ms(engine, steps: int) -> tuple[float, list, list]:
     events = prof.key_averages()
     own = [(e.key[:60], (e.self_device_time_total if cuda else e.self_cpu_time_total) / steps / 1e3) for e in events]
     total = sum(ms for _, ms in own)
-    top = sorted(own, key=lambda x: -x[1])[:6]
+    top = sorted(own, key=lambda x: -x[1])[:16]
     host = sorted(((e.key[:60], e.self_cpu_time_total / steps / 1e3, e.count // steps) for e in events),
                   key=lambda x: -x[1])[:20]
     return total, top, host

@@ -4,13 +4,34 @@ from __future__ import annotations
 
 
 def runner_for(config, loaded):
-    if not config.sharded:
+    if config.tensor_parallel_size == 1:
         from samebits.engine.model_runner import ModelRunner
 
         return ModelRunner(config, loaded)
     from samebits.distributed.runner import TPRunner
 
     return TPRunner(config, loaded)
+
+
+def one_rank(config, loaded):
+    """`loaded` as the engine runs it. TP-invariant mode at TP=1 runs the one rank's sharded model (TP_MAX pieces, the
+    fixed merge tree) in the one-GPU ModelRunner, with its CUDA graphs and async scheduling, where the tensor-parallel
+    runner runs eagerly: the same bits as every TP size. The full model is dropped here, not kept beside its shard."""
+    if not config.tp_invariant or config.tensor_parallel_size > 1:
+        return loaded
+    import dataclasses
+
+    import torch
+
+    from samebits.distributed import shard as sh
+    from samebits.distributed.group import Group
+    from samebits.distributed.model import ShardedLlama
+
+    full, one = loaded.model, sh.Shard(0, 1, True)
+    model = ShardedLlama(loaded.config, full.ops, full.dtype, one, Group(0, 1), "ordered")
+    with torch.no_grad():
+        model.load_state_dict(sh.shard_state(full, one), strict=True)
+    return dataclasses.replace(loaded, model=model.eval())
 
 
 def parallel_numerics(config) -> dict:

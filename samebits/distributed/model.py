@@ -55,6 +55,15 @@ class ShardedLlama(LlamaModel):
             total = total + bias.float()
         return total.to(x.dtype)
 
+    def gemm_weights(self) -> list[torch.Tensor]:
+        """One [N, K] view per GEMM shape this rank runs (a piece of each column-parallel weight, a K chunk of each
+        row-parallel one, a piece of the head)."""
+        p = self.shard.pieces
+        out = [self.head.chunk(p)[0]]
+        for layer in self.layers:
+            out += [layer.qkv_proj.chunk(p)[0], layer.gate_up_proj.chunk(p)[0], layer.o_proj[0], layer.down_proj[0]]
+        return out
+
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, H] -> float32 [R, V], the full vocabulary on every rank (gathered in rank order)."""

@@ -8,6 +8,7 @@ import torch
 
 from samebits.distributed.model import ShardedLlama
 from samebits.distributed.shard import Shard
+from samebits.engine.model_runner import prove_routes
 from samebits.kernels import get_ops
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.common import to_device
@@ -60,29 +61,8 @@ class Rank:
         self.model.set_ops(get_ops(mode, self.device))
         self.prove_routes()
 
-    def gemm_weights(self) -> list[torch.Tensor]:
-        """One [N, K] view per GEMM shape this rank runs (a piece of each column-parallel weight, a K chunk of each
-        row-parallel one, a piece of the head)."""
-        p = self.model.shard.pieces
-        out = [self.model.head.chunk(p)[0]]
-        for layer in self.model.layers:
-            out += [layer.qkv_proj.chunk(p)[0], layer.gate_up_proj.chunk(p)[0], layer.o_proj[0], layer.down_proj[0]]
-        return out
-
     def prove_routes(self) -> None:
-        """The proven routes' self-tests for this rank's shapes, as model_runner.py's prove_routes does for one GPU."""
-        if not self.model.ops.deterministic:
-            return
-        if self.device.type == "cuda":
-            from samebits.kernels.vendor_gemm import prove_weights
-
-            prove_weights(self.gemm_weights())
-            torch.cuda.empty_cache()
-        else:
-            from samebits.kernels.cpu import attention, gemm
-
-            gemm.prove_weights(self.gemm_weights())
-            attention.prove(self.model.config.head_dim)
+        prove_routes(self.model)
 
     @torch.inference_mode()
     def run(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor | None]:

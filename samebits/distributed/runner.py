@@ -51,7 +51,7 @@ class TPRunner:
                              max(1, torch.get_num_threads() // self.world))
         self.procs, self.conns, self.error = [], [], None
         self._stop = weakref.finalize(self, _stop_workers, self.procs, self.conns)
-        store = open_store(self.world, START_S) if self.world > 1 else None
+        store = open_store(self.world, START_S)
         try:
             states = self._spawn(store, full, shards)  # kept until the workers hold their copies (CUDA IPC)
             group = Group.open(store, 0, self.world, self.device, START_S, TIMEOUT_S)

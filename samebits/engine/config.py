@@ -94,9 +94,8 @@ class EngineConfig:
         value = self.async_scheduling
         _require(value is None or isinstance(value, bool), f"async_scheduling must be None or a bool, got {value!r}")
         # The tensor-parallel runner reads every input from the host (samebits/distributed/runner.py).
-        _require(value is not True or not self.sharded,
-                 f"async_scheduling=True needs tensor_parallel_size=1 and all_reduce other than 'invariant', got "
-                 f"tensor_parallel_size={self.tensor_parallel_size}, all_reduce={self.all_reduce!r}")
+        _require(value is not True or self.tensor_parallel_size == 1,
+                 f"async_scheduling=True needs tensor_parallel_size=1, got {self.tensor_parallel_size}")
         # Fast kernels keep no order for the invariant split to preserve.
         _require(self.all_reduce != "invariant" or self.mode == "deterministic",
                  f"all_reduce='invariant' needs mode='deterministic', got {self.mode!r}")
@@ -111,12 +110,6 @@ class EngineConfig:
     @property
     def tp_invariant(self) -> bool:
         return self.all_reduce == "invariant"
-
-    @property
-    def sharded(self) -> bool:
-        """Whether the engine runs the sharded model: TP > 1, or TP-invariant mode (its TP=1 path computes TP_MAX
-        shards)."""
-        return self.tensor_parallel_size > 1 or self.tp_invariant
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import secrets
 
-from samebits.distributed import parallel_numerics, runner_for
+from samebits.distributed import one_rank, parallel_numerics, runner_for
 from samebits.engine.config import SEED_LIMIT, EngineConfig
 from samebits.engine.output_processor import OutputProcessor
 from samebits.engine.outputs import EngineStats, RequestOutput
@@ -29,7 +29,7 @@ class LLMEngine:
         from samebits.models import load_model
 
         self.config = config
-        self.loaded = loaded or load_model(config.model, config.mode, config.device, config.dtype)
+        self.loaded = one_rank(config, loaded or load_model(config.model, config.mode, config.device, config.dtype))
         self.tokenizer = self.loaded.tokenizer
         self.model_name = self.loaded.name
         self.runner = runner_for(config, self.loaded)
@@ -37,7 +37,7 @@ class LLMEngine:
         if config.cuda_graphs:
             self.runner.enable_cuda_graphs(self.max_model_len)
         self.overlap = config.async_scheduling if config.async_scheduling is not None \
-            else self.runner.device.type == "cuda" and not config.sharded
+            else self.runner.device.type == "cuda" and config.tensor_parallel_size == 1
         self.scheduler = Scheduler.from_config(config, self.runner.num_blocks, self.max_model_len,
                                                max_inflight=2 if self.overlap else 1)
         self._inflight = None  # (SchedulerOutput, SampledStep) launched and not yet read back

@@ -98,6 +98,25 @@ def choose_num_blocks(engine_config: EngineConfig, model_config, dtype: torch.dt
     return int(free * GPU_KV_MEMORY_FRACTION) // (kv_bytes_per_token(model_config, dtype) * bs)
 
 
+def prove_routes(model) -> None:
+    """Run the proven routes' self-tests for every GEMM shape `model` runs, now: on CUDA before the KV pool is sized
+    from the free memory cuBLASLt's borrow; on the CPU so a shape MKL cannot compute invariantly refuses the load
+    instead of a request."""
+    if not model.ops.deterministic:
+        return
+    weights = model.gemm_weights()
+    if model.device.type == "cuda":
+        from samebits.kernels.vendor_gemm import prove_weights
+
+        prove_weights(weights)
+        torch.cuda.empty_cache()
+    else:
+        from samebits.kernels.cpu import attention, gemm
+
+        gemm.prove_weights(weights)
+        attention.prove(model.config.head_dim)
+
+
 class ModelRunner:
     def __init__(self, engine_config: EngineConfig, loaded):
         self.config = engine_config
@@ -118,21 +137,7 @@ class ModelRunner:
         self.graphs = None
 
     def prove_routes(self) -> None:
-        """Run the proven routes' self-tests now: on CUDA before the KV pool is sized from the free memory cuBLASLt's
-        borrow; on the CPU so a shape MKL cannot compute invariantly refuses the load instead of a request."""
-        if not self.model.ops.deterministic:
-            return
-        weights = [p for p in self.model.parameters() if p.dim() == 2]
-        if self.device.type == "cuda":
-            from samebits.kernels.vendor_gemm import prove_weights
-
-            prove_weights(weights)
-            torch.cuda.empty_cache()
-        else:
-            from samebits.kernels.cpu import attention, gemm
-
-            gemm.prove_weights(weights)
-            attention.prove(self.model_config.head_dim)
+        prove_routes(self.model)
 
     def enable_cuda_graphs(self, max_model_len: int) -> None:
         """Decode-only steps replay CUDA graphs (see cuda_graphs.py); a no-op off CUDA."""

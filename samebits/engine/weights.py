@@ -36,6 +36,8 @@ def update_weights(engine, source, version: str | None = None) -> str:
     if engine.config.tensor_parallel_size > 1:  # the runner's model is rank 0's shard, the workers hold the rest
         raise WeightsError(f"update_weights: tensor_parallel_size={engine.config.tensor_parallel_size} is not "
                            "supported yet; only tensor_parallel_size=1")
+    if engine.config.tp_invariant:  # the model holds its weights in the sharded layout (distributed/model.py)
+        raise WeightsError("update_weights: all_reduce='invariant' is not supported yet")
     model = engine.runner.model
     pairs = plan(model, tensors_of(source))
     with torch.no_grad():

@@ -100,6 +100,10 @@ class LlamaModel(nn.Module):
         normed, _ = self.ops.add_rms_norm(hidden, residual, self.norm, self.config.rms_norm_eps)
         return normed
 
+    def gemm_weights(self) -> list[torch.Tensor]:
+        """One [N, K] weight per GEMM shape the forward runs: what the proven routes' self-tests must cover."""
+        return [p for p in self.parameters() if p.dim() == 2]
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         return self.ops.linear(hidden, head).float()

@@ -44,12 +44,12 @@ def make(ckpt, **kw):
 
 
 def test_invariant_mode_on_one_gpu_with_graphs_repeats_and_differs_from_deterministic(ckpt, seed):
-    """TP-invariant mode at TP=1 on CUDA (the sharded runner; async scheduling left off by default, which the first H200
-    run of benchmarks/tp.py did not), with decode graphs: run to run and alone equal; the plain deterministic kernels
-    give other logprob bits (a K split of 8 chunks against one chunk: the negative control)."""
+    """TP-invariant mode at TP=1 on CUDA: the one rank's sharded model in the one-GPU runner, with decode graphs and
+    async scheduling: run to run and alone equal; the plain deterministic kernels give other logprob bits (a K split
+    of 8 chunks against one chunk: the negative control)."""
     ps = prompts(6, seed)
     with engine(ckpt, device="cuda", all_reduce="invariant") as llm:
-        assert not llm.engine.overlap
+        assert llm.engine.overlap and llm.engine.runner.graphs is not None
         together = run(llm, ps, GREEDY)
         assert run(llm, ps, GREEDY) == together
         assert run(llm, ps[:1], GREEDY) == together[:1]

@@ -101,3 +101,20 @@ def test_fingerprint_names_tp_size_route_and_invariance(det2, invariant):
     one = invariant[1].engine.fingerprint()
     assert one["tensor_parallel"] == {"size": 1, "all_reduce": None, "invariant": True}
     assert len({det2.engine.fingerprint()["hash"], fp["hash"], one["hash"]}) == 3
+
+
+def test_invariant_at_tp1_runs_the_one_gpu_runner_on_the_one_rank_shard(invariant):
+    """So TP=1 gets CUDA graphs and async scheduling; the bits across sizes are the tests above."""
+    from samebits.distributed.model import ShardedLlama
+    from samebits.engine.model_runner import ModelRunner
+
+    one = invariant[1].engine
+    assert type(one.runner) is ModelRunner and isinstance(one.runner.model, ShardedLlama)
+    assert one.loaded.model is one.runner.model, "the full model is not kept beside its shard"
+
+
+def test_update_weights_refuses_the_sharded_layout(invariant):
+    from samebits.engine.weights import WeightsError
+
+    with pytest.raises(WeightsError, match="all_reduce='invariant' is not supported yet"):
+        invariant[1].update_weights({})

@@ -11,15 +11,27 @@ from samebits.kernels.cpu import attention as cpu_attention
 from samebits.kernels.cpu import gemm as cpu_gemm
 
 
+class _Model(torch.nn.Module):
+    """What prove_routes reads of a model: its ops, device, config and GEMM weights (LlamaModel's rule: the 2-D ones)."""
+
+    def __init__(self, device, deterministic):
+        super().__init__()
+        self.w2, self.b1 = torch.nn.Parameter(torch.zeros(128, 64)), torch.nn.Parameter(torch.zeros(128))
+        self.ops = SimpleNamespace(deterministic=deterministic)
+        self.device, self.config = torch.device(device), SimpleNamespace(num_kv_heads=2, head_dim=64)
+
+    def gemm_weights(self):
+        from samebits.models.llama import LlamaModel
+
+        return LlamaModel.gemm_weights(self)
+
+
 def _runner(device, deterministic):
     from samebits.engine.model_runner import ModelRunner
 
-    model = torch.nn.Module()
-    model.w2, model.b1 = torch.nn.Parameter(torch.zeros(128, 64)), torch.nn.Parameter(torch.zeros(128))
-    model.ops = SimpleNamespace(deterministic=deterministic)
     runner = ModelRunner.__new__(ModelRunner)
-    runner.model, runner.device = model, torch.device(device)
-    runner.model_config = SimpleNamespace(num_kv_heads=2, head_dim=64)
+    runner.model = _Model(device, deterministic)
+    runner.device, runner.model_config = runner.model.device, runner.model.config
     return runner
 
 
