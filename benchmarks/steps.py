@@ -68,6 +68,7 @@ def host_hotspots(engine, steps: int, top: int = 15) -> tuple[list, list]:
 def busy_ms(engine, steps: int) -> tuple[float, list, list]:
     """GPU time per step, the kernels' own time summed (the profiler's self device time), the top kernels, and the
     host ops by their own CPU time (ms per step; a Triton launch shows as its kernel's name)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = e2e.DEVICE == "cuda"
@@ -76,7 +77,9 @@ def busy_ms(engine, steps: int) -> tuple[float, list, list]:
             engine.step()
         e2e.sync()
     events = prof.key_averages()
-    own = [(e.key[:60], (e.self_device_time_total if cuda else e.self_cpu_time_total) / steps / 1e3) for e in events]
+    # Kernels only: a CPU op's self device time is its kernels' time again, and would count it twice.
+    kernels = [e for e in events if not cuda or e.device_type == DeviceType.CUDA]
+    own = [(e.key[:60], (e.self_device_time_total if cuda else e.self_cpu_time_total) / steps / 1e3) for e in kernels]
     total = sum(ms for _, ms in own)
     top = sorted(own, key=lambda x: -x[1])[:16]
     host = sorted(((e.key[:60], e.self_cpu_time_total / steps / 1e3, e.count // steps) for e in events),
