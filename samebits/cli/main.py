@@ -125,14 +125,31 @@ def _locked_mode(path: Path) -> str:
 def fingerprint_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     mode: str = typer.Option("deterministic", help="fast or deterministic"),
+    model: str | None = typer.Option(None, help="Add this model's fields (weights digest, dtype, config): the hash "
+                                                "is then `serve`'s system_fingerprint for it at one rank."),
+    device: str | None = typer.Option(None, help="With --model: cpu or cuda (default: cuda where available)."),
+    dtype: str | None = typer.Option(None, help="With --model: the weights' dtype (default: the device's)."),
 ):
     """Every version and setting that can change output bits, and their hash."""
     from samebits.runtime import fingerprint
 
     _check_mode(mode)
     with _runtime_for(mode):
-        fp = fingerprint(mode)
+        fp = fingerprint(mode, None, _model_fields(model, mode, device, dtype))
     _print_json_or_table(fp, "samebits fingerprint", as_json)
+
+
+def _model_fields(model: str | None, mode: str, device: str | None, dtype: str | None) -> dict | None:
+    if model is None:
+        if device is not None or dtype is not None:
+            fail("--device and --dtype need --model")
+        return None
+    from samebits.models import load_model
+
+    try:
+        return load_model(model, mode, device, dtype).numerics()
+    except (OSError, ValueError) as e:
+        fail(str(e))
 
 
 @app.command()

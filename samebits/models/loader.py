@@ -1,13 +1,16 @@
 """load_model: a built-in name, an HF model folder or a GGUF file -> a model on the kernel registry."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from samebits.dtypes import normalize_dtype
 from samebits.models.config import ModelConfig
+from samebits.models.digest import weights_digest
 from samebits.models.llama import LlamaModel
 from samebits.models.tokenizer import Tokenizer
 
@@ -19,6 +22,18 @@ class LoadedModel:
     config: ModelConfig
     name: str
     path: Path
+    # Computed once, when the model is built, on the weights' own device (models/digest.py).
+    weights: str = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "weights", weights_digest(self.model.named_parameters()))
+
+    def numerics(self) -> dict:
+        """The model's fields of the fingerprint: its weights, their dtype, and the config the weights compute under
+        (the same weights with another rope_theta or eps give other bits)."""
+        config = json.dumps(asdict(self.config), sort_keys=True).encode()
+        return {"weights": self.weights, "dtype": str(self.model.dtype).removeprefix("torch."),
+                "model_config": hashlib.sha256(config).hexdigest()[:16]}
 
 
 def default_device() -> str:
