@@ -160,7 +160,7 @@ def _mode_process(model: str, mode: str, device: str, queue) -> None:
 
     try:
         with deterministic_runtime() if mode == "deterministic" else contextlib.nullcontext():
-            loaded = load_model(model, mode, device)
+            loaded = load_model(model, mode, device, progress=False)  # the parent's bar counts this process's work
             prompts = [loaded.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
             result = run_mode(loaded, mode, device, prompts, _filler_prompts(loaded.tokenizer, FILLERS),
                               _ProgressToQueue(queue))
@@ -200,6 +200,7 @@ def _run_in_fresh_process(model: str, mode: str, device: str, progress: Progress
 def demo_command(model: str, device: str | None, json_path: Path | None, fail) -> None:
     from samebits.models import hub
     from samebits.models.loader import default_device, resolve_device
+    from samebits.progress import progress_bar
 
     console = Console()
     device = device or default_device()
@@ -211,7 +212,7 @@ def demo_command(model: str, device: str | None, json_path: Path | None, fail) -
         hub.fetch(model)  # once, here, so the two mode processes never download it side by side
     results, fps = [], {}
     try:
-        with Progress(console=console, transient=True) as progress:
+        with progress_bar() as progress:
             for mode in ("fast", "deterministic"):
                 result, fps[mode] = _run_in_fresh_process(model, mode, device, progress)
                 results.append(result)

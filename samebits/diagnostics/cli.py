@@ -7,7 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from samebits.progress import progress_bar
 
 
 def check_writable(path: Path | None) -> None:
@@ -26,9 +27,8 @@ def check_writable(path: Path | None) -> None:
 def run_with_progress(dev, sizes, probes, impls) -> list:
     from samebits.diagnostics.probes import iter_probes
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     results = []
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with progress_bar() as bar:
         task = bar.add_task("probing", total=len(probes) * len(impls))
         for label, rs in iter_probes(dev, sizes, probes, impls):
             results.extend(rs)

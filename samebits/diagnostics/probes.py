@@ -334,9 +334,9 @@ class Probe:
     needs_cuda: bool = False
 
 
-NO_OP = "no such op in the engine"
+NO_OP = "not an engine op"
 PROBES: dict[str, Probe] = {p.name: p for p in (
-    Probe("fp32_associativity", probe_associativity, ("float32",), "order", samebits="arithmetic, not a kernel"),
+    Probe("fp32_associativity", probe_associativity, ("float32",), "order", samebits="arithmetic: no kernel"),
     Probe("matmul_batch", probe_matmul_batch, ("bfloat16", "float32"), "batch"),
     Probe("run_to_run_matmul", probe_run_matmul, ("bfloat16",), "runs"),
     Probe("run_to_run_sum", probe_run_sum, ("float32",), "runs"),

@@ -10,6 +10,7 @@ from rich.table import Table
 from samebits.diagnostics.probes import ProbeResult
 
 SCHEMA_VERSION = 1
+TABLE_COLUMNS = 80
 VERDICTS = ("invariant", "variant", "n/a", "error")
 
 
@@ -22,43 +23,58 @@ def write_json(report: dict, path: Path) -> None:
     Path(path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
+# Short dtype names, so a row fits 80 columns (the JSON keeps torch's names).
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+
+
 def _counted(r: dict) -> str:
     varied = sum(f > 0 for f in r["mismatch_fraction"])
     if r["axis"] == "runs":
         return f"{r['extra'].get('runs_differing', varied)}/{r['sizes'][0] - 1} reruns"
     if r["axis"] == "order":
-        return f"(a+b)+c = {r['extra']['left']:g}, a+(b+c) = {r['extra']['right']:g}"
+        return ""
     if r["axis"] == "prompts":
-        e = r["extra"]
-        return f"{e['sequences_differ']}/{e['sequences']} seqs, {e['logit_rows_differ']}/{e['logit_rows_compared']} logit rows"
+        return f"{r['extra']['sequences_differ']}/{r['extra']['sequences']} seqs"
     return f"{varied}/{len(r['sizes'])} sizes"
 
 
+def _detail(r: dict) -> str:
+    """A variant cell's second line: how far apart the answers are (Δ: the largest absolute difference)."""
+    diff = f"Δ≤{max(r['max_abs_diff']):.1e}"
+    if r["axis"] == "order":
+        return f"(a+b)+c={r['extra']['left']:g}, a+(b+c)={r['extra']['right']:g}"
+    if r["axis"] == "prompts":
+        e = r["extra"]
+        return f"{e['logit_rows_differ']}/{e['logit_rows_compared']} rows, {diff}"
+    return f"≤{max(r['mismatch_fraction']):.1%}, {diff}"
+
+
 def cell(r: dict | None) -> str:
+    """Two lines at most: the verdict with its count, then the size of the difference or why there is none."""
     if r is None:
         return ""
     if r["verdict"] == "n/a":
-        return f"[dim]n/a ({escape(r['note'])})[/]"
+        return f"[dim]n/a\n{escape(r['note'])}[/]"
     if r["verdict"] == "error":
-        return f"[bold magenta]ERROR[/] {escape(r['note'])}"
+        return f"[bold magenta]ERROR[/]\n{escape(r['note'])}"
     if r["verdict"] == "invariant":
         return f"[green]invariant[/] {_counted(r)}"
-    if r["axis"] in ("order", "prompts"):
-        return f"[bold red]VARIANT[/] {_counted(r)}, |Δ|≤{max(r['max_abs_diff']):.1e}"
-    worst, diff = max(r["mismatch_fraction"]), max(r["max_abs_diff"])
-    return f"[bold red]VARIANT[/] {_counted(r)}, ≤{worst:.1%} of elements, |Δ|≤{diff:.1e}"
+    return f"[bold red]VARIANT[/] {_counted(r)}".rstrip() + f"\n{_detail(r)}"
 
 
 def table(report: dict) -> Table:
+    """One row per probe and dtype, fitting 80 columns: long notes are cut (the JSON report keeps them whole)."""
     t = Table(title=f"samebits probe · {report['device']}" + (" · full" if report["full"] else ""))
-    t.add_column("probe", no_wrap=True)
-    for col in ("dtype", "compared", "vendor", "samebits"):
-        t.add_column(col)
+    longest = max((len(r["name"]) for r in report["probes"]), default=0)
+    t.add_column("probe · dtype · compared", no_wrap=True, min_width=longest)
+    for col in ("vendor", "samebits"):  # what the names leave of 80 columns (10 are borders and padding)
+        t.add_column(col, no_wrap=True, overflow="ellipsis", max_width=max(12, (TABLE_COLUMNS - 10 - longest) // 2))
     rows: dict[tuple, dict] = {}
     for r in report["probes"]:
         rows.setdefault((r["name"], r["dtype"]), {})[r["implementation"]] = r
     for (name, dtype), by_impl in rows.items():
-        t.add_row(name, dtype, _compared(by_impl), cell(by_impl.get("vendor")), cell(by_impl.get("samebits")))
+        what = " · ".join(filter(None, (_DTYPES.get(dtype, dtype), _compared(by_impl))))
+        t.add_row(f"{name}\n[dim]{what}[/]", cell(by_impl.get("vendor")), cell(by_impl.get("samebits")))
     return t
 
 

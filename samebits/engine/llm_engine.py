@@ -59,7 +59,7 @@ class LLMEngine:
         if self._fingerprint is None:
             from samebits.runtime import fingerprint
 
-            self._fingerprint = fingerprint(self.config.mode, parallel_numerics(self.config))
+            self._fingerprint = fingerprint(self.config.mode, parallel_numerics(self.config), self.loaded.numerics())
         return self._fingerprint
 
     # ---- requests ------------------------------------------------------------------------------------------

@@ -12,11 +12,11 @@ transformers LlamaForCausalLM's state dict, a checkpoint's tensors).
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 
 import torch
 
+from samebits.models.digest import weights_digest
 from samebits.models.llama import LlamaModel, short_names
 
 
@@ -44,7 +44,8 @@ def update_weights(engine, source, version: str | None = None) -> str:
         for dest, tensor in pairs:
             dest.copy_(tensor)
     engine.scheduler.reset_prefix_cache()
-    version = version or weights_digest(model)
+    # The load-time digest's function, so updating to the weights loaded names them as the load did.
+    version = version or weights_digest(model.named_parameters())
     from samebits.runtime.fingerprint import with_fields
 
     engine._fingerprint = with_fields(engine.fingerprint(), weights=version)
@@ -100,12 +101,3 @@ def _mismatches(names: list[str], pairs: list, dtype: torch.dtype) -> list[str]:
         elif tensor.dtype != dtype:
             problems.append(f"{name} is {tensor.dtype}, the model holds {dtype} (cast it first)")
     return problems
-
-
-def weights_digest(model: LlamaModel) -> str:
-    """16 hex digits of blake2b over every parameter's name and bytes, in name order."""
-    h = hashlib.blake2b(digest_size=8)
-    for name, param in sorted(model.named_parameters()):
-        h.update(name.encode())
-        h.update(param.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
-    return h.hexdigest()

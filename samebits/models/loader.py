@@ -1,13 +1,17 @@
 """load_model: a built-in name, an HF model folder or a GGUF file -> a model on the kernel registry."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from samebits.dtypes import normalize_dtype
 from samebits.models.config import ModelConfig
+from samebits.models.digest import weights_digest
 from samebits.models.llama import LlamaModel
 from samebits.models.tokenizer import Tokenizer
 
@@ -19,6 +23,18 @@ class LoadedModel:
     config: ModelConfig
     name: str
     path: Path
+    # Computed once, when the model is built, on the weights' own device (models/digest.py).
+    weights: str = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "weights", weights_digest(self.model.named_parameters()))
+
+    def numerics(self) -> dict:
+        """The model's fields of the fingerprint: its weights, their dtype, and the config the weights compute under
+        (the same weights with another rope_theta or eps give other bits)."""
+        config = json.dumps(asdict(self.config), sort_keys=True).encode()
+        return {"weights": self.weights, "dtype": str(self.model.dtype).removeprefix("torch."),
+                "model_config": hashlib.sha256(config).hexdigest()[:16]}
 
 
 def default_device() -> str:
@@ -63,15 +79,20 @@ def resolve_path(name_or_path: str | Path) -> tuple[str, Path]:
     return path.name, path
 
 
-def load_model(name_or_path, mode: str = "deterministic", device=None, dtype=None) -> LoadedModel:
+def load_model(name_or_path, mode: str = "deterministic", device=None, dtype=None,
+               progress: bool | None = None) -> LoadedModel:
+    """`progress`: a bar of tensors loaded on stderr; None shows it where stderr is a terminal (samebits/progress.py)."""
     from samebits.kernels import get_ops
+    from samebits.progress import progress_bar
 
     device = str(device or default_device())
     resolve_device(device)  # before anything touches the device: one clear line, not torch's assertion
     name, path = resolve_path(name_or_path)
     torch_dtype = resolve_dtype(dtype, device)
     ops = get_ops(mode, device)
-    model, tokenizer, config = _load_path(path, ops, torch_dtype)
+    with progress_bar(progress) as bar:
+        track = functools.partial(bar.track, description=f"loading {name}")
+        model, tokenizer, config = _load_path(path, ops, torch_dtype, track)
     return LoadedModel(model.eval(), tokenizer, config, name, path)
 
 
@@ -87,11 +108,11 @@ def source_kind(path: Path) -> str:
     raise ValueError(f"cannot load {path}: expected an HF model folder or a .gguf file")
 
 
-def _load_path(path: Path, ops, dtype: torch.dtype):
+def _load_path(path: Path, ops, dtype: torch.dtype, track):
     if source_kind(path) == HF_FOLDER:
         from samebits.models.loader_hf import load_hf_dir
 
-        return load_hf_dir(path, ops, dtype)
+        return load_hf_dir(path, ops, dtype, track)
     from samebits.models.loader_gguf import load_gguf
 
-    return load_gguf(path, ops, dtype)
+    return load_gguf(path, ops, dtype, track)

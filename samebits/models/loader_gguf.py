@@ -21,6 +21,7 @@ from samebits.models.config import ModelConfig, UnsupportedModelError, check_ggu
 from samebits.models.gguf_file import GGUFTensor, read_gguf
 from samebits.models.llama import LlamaModel
 from samebits.models.tokenizer import Tokenizer
+from samebits.progress import untracked
 
 # Dequantized by `gguf.quants.dequantize`: elementwise numpy on each block (scale * quant - min), no reduction, so the
 # float32 weights are a function of the file's bytes alone. The K-quants are there because Q4_K_M/Q5_K_M files mix
@@ -55,7 +56,8 @@ _SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLA
 _BYTE_LEVEL_DEFAULT = ("default", "gpt2", "smollm")
 
 
-def load_gguf(path: Path, ops, dtype: torch.dtype) -> tuple[LlamaModel, Tokenizer, ModelConfig]:
+def load_gguf(path: Path, ops, dtype: torch.dtype, track=untracked) -> tuple[LlamaModel, Tokenizer, ModelConfig]:
+    """`track(tensors, total)`: what counts the tensors as they are dequantized (samebits/progress.py)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
@@ -63,7 +65,7 @@ def load_gguf(path: Path, ops, dtype: torch.dtype) -> tuple[LlamaModel, Tokenize
     config = gguf_config(tensors, meta)
     tokenizer = gguf_tokenizer(meta)
     model = LlamaModel(config, ops, dtype)
-    model.load_weights(iter_tensors(tensors, config))
+    model.load_weights(track(iter_tensors(tensors, config), total=len(tensors)))
     return model, tokenizer, config
 
 

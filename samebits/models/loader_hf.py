@@ -11,6 +11,7 @@ from safetensors import safe_open
 from samebits.models.config import ModelConfig, _as_ids
 from samebits.models.llama import LlamaModel
 from samebits.models.tokenizer import Tokenizer
+from samebits.progress import untracked
 
 INDEX = "model.safetensors.index.json"
 
@@ -54,12 +55,21 @@ def generation_eos_ids(path: Path) -> tuple[int, ...]:
     return _as_ids(json.loads(file.read_text(encoding="utf-8")).get("eos_token_id"))
 
 
-def load_hf_dir(path: Path, ops, dtype: torch.dtype) -> tuple[LlamaModel, Tokenizer, ModelConfig]:
+def tensor_count(files: list[Path]) -> int:
+    total = 0
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            total += len(list(f.keys()))
+    return total
+
+
+def load_hf_dir(path: Path, ops, dtype: torch.dtype, track=untracked) -> tuple[LlamaModel, Tokenizer, ModelConfig]:
+    """`track(tensors, total)`: what counts the tensors as they load (samebits/progress.py)."""
     path = Path(path)
     config = read_config(path)
     files = safetensors_files(path)
     # Read the tokenizer before the weights so a missing file fails fast.
     tokenizer = Tokenizer.from_hf_dir(path, extra_eos_ids=config.eos_token_ids + generation_eos_ids(path))
     model = LlamaModel(config, ops, dtype)
-    model.load_weights(iter_tensors(files))
+    model.load_weights(track(iter_tensors(files), total=tensor_count(files)))
     return model, tokenizer, config

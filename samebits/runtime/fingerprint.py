@@ -164,9 +164,11 @@ def _hash(fields: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def fingerprint(mode: str = "deterministic", tensor_parallel: dict | None = None) -> dict:
+def fingerprint(mode: str = "deterministic", tensor_parallel: dict | None = None, model: dict | None = None) -> dict:
     """Everything that can change output bits. `hash` is stable across processes on one machine and stack.
-    `tensor_parallel`: the engine's TP size, all-reduce route and TP-invariant switch (distributed/__init__.py)."""
+    `tensor_parallel`: the engine's TP size, all-reduce route and TP-invariant switch (distributed/__init__.py).
+    `model`: the loaded model's weights digest, dtype and config digest (models/loader.py `LoadedModel.numerics`);
+    without it the fingerprint is the runtime's alone, as `samebits fingerprint` and the lock show it."""
     import torch
 
     profile = numerics_profile()
@@ -180,6 +182,7 @@ def fingerprint(mode: str = "deterministic", tensor_parallel: dict | None = None
         "blas": _blas_backend(torch),
         "cpu_threads": torch.get_num_threads(),
         **_mkl_fields(torch),
+        **(model or {}),
         "mode": mode,
         "tensor_parallel": tensor_parallel or {"size": 1, "all_reduce": None, "invariant": False},
         "numerics_profile": hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()[:16],
@@ -199,6 +202,9 @@ def with_fields(fp: dict, **fields) -> dict:
 
 
 def write_lock(path: str | os.PathLike = "samebits.lock", mode: str = "deterministic") -> dict:
+    """The runtime's fingerprint, without a model's fields: a lock pins the software and hardware a deployment must
+    reproduce, and holds for every model served on it. The weights change at every RL weight sync; they are named
+    per answer instead (the served fingerprint's `weights`, `X-Samebits-Weights`)."""
     fp = fingerprint(mode)
     Path(path).write_text(json.dumps(fp, indent=2, sort_keys=True) + "\n")
     return fp

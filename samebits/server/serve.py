@@ -91,9 +91,11 @@ def startup_line(engine, config: ServerConfig, url: str) -> str:
         source = f"built-in, {source}"
     blocks, block = runner.num_blocks, runner.block_size
     dtype = str(runner.dtype).removeprefix("torch.")
+    fp = engine.fingerprint()
     return (f"serving {config.model_name!r} on {url}: model {loaded.name} ({source}), mode {engine.config.mode}, "
             f"dtype {dtype}, device {runner.device}, context {engine.max_model_len} tokens, "
-            f"KV cache {blocks} blocks x {block} = {blocks * block} tokens, fingerprint {engine.fingerprint()['hash']}")
+            f"KV cache {blocks} blocks x {block} = {blocks * block} tokens, weights {fp.get('weights')}, "
+            f"fingerprint {fp['hash']}")
 
 
 def _configure_logging(level: str) -> None:

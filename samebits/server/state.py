@@ -27,6 +27,8 @@ def numerics_headers(fp: dict) -> dict[str, str]:
         "Driver-Version": fp["driver"],
         "Kernel-Flags": fp["numerics_profile"],
         "Mode": fp["mode"],
+        "Weights": fp.get("weights"),
+        "Dtype": fp.get("dtype"),
         "Tensor-Parallel-Size": fp["tensor_parallel"]["size"],
         "All-Reduce": fp["tensor_parallel"]["all_reduce"],
         "TP-Invariant": fp["tensor_parallel"]["invariant"],

@@ -67,6 +67,14 @@ def test_update_from_policy_in_place_then_rollout_equals_trainer(llm, ckpt, seed
     assert outs[0].num_cached_tokens == 0 and outs[0].fingerprint == fp["hash"]
 
 
+def test_updating_to_the_loaded_weights_names_them_as_the_load_did(llm, ckpt, seed):
+    loaded, before = llm.engine.loaded.weights, llm.engine.fingerprint()
+    assert before["weights"] == loaded
+    assert llm.update_weights(nudged_policy(ckpt, seed)) != loaded  # negative control: other weights, other digest
+    assert llm.update_weights(Policy.from_pretrained(ckpt, device="cpu")) == loaded
+    assert llm.engine.fingerprint()["hash"] == before["hash"]
+
+
 def test_negative_control_without_dropping_the_prefix_cache(llm, ckpt, seed):
     """The same copy, but the old weights' cached KV kept: the cached prompt's rollout is no longer the trainer's."""
     llm.generate(PROMPTS, PARAMS, use_tqdm=False)

@@ -139,6 +139,23 @@ def test_fingerprint_hash_depends_on_mode():
     assert a["hash"] != b["hash"]
 
 
+def test_fingerprint_with_a_model_is_the_engines_system_fingerprint(tmp_path):
+    from samebits.engine.llm import LLM
+    from samebits.models.testing import write_tiny_checkpoint
+
+    path = str(write_tiny_checkpoint(tmp_path, "llama3", seed=2))
+    fp = json.loads(run("fingerprint", "--json", "--model", path, "--device", "cpu").output)
+    engine = LLM(model=path, device="cpu", kv_cache_tokens=256).engine.fingerprint()
+    assert fp["hash"] == engine["hash"] and fp["weights"] == engine["weights"] and fp["dtype"] == "float32"
+    runtime = json.loads(run("fingerprint", "--json").output)
+    assert "weights" not in runtime and runtime["hash"] != fp["hash"]  # negative control: the runtime's alone
+
+
+def test_fingerprint_model_flags_refuse_bad_input(tmp_path):
+    assert_one_line_error(run("fingerprint", "--model", str(tmp_path / "absent")))
+    assert_one_line_error(run("fingerprint", "--dtype", "bf16"))
+
+
 def test_lock_then_verify_is_clean(tmp_path):
     path = tmp_path / "samebits.lock"
     assert run("lock", str(path)).exit_code == 0

@@ -11,8 +11,9 @@ from tests.server.conftest import MODEL_NAME
 
 NUMERICS_HEADERS = ("x-samebits-fingerprint", "x-samebits-engine-version", "x-samebits-torch-version",
                     "x-samebits-cuda-version", "x-samebits-cublas-version", "x-samebits-driver-version",
-                    "x-samebits-kernel-flags", "x-samebits-mode", "x-samebits-tensor-parallel-size",
-                    "x-samebits-all-reduce", "x-samebits-tp-invariant", "x-request-id")
+                    "x-samebits-kernel-flags", "x-samebits-mode", "x-samebits-weights", "x-samebits-dtype",
+                    "x-samebits-tensor-parallel-size", "x-samebits-all-reduce", "x-samebits-tp-invariant",
+                    "x-request-id")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_greedy_repeats_and_headers(server, client):
     for h in NUMERICS_HEADERS:
         assert raw.headers.get(h), h
     assert raw.headers["x-request-id"] == "abc-123"
-    assert raw.headers["x-samebits-mode"] == "deterministic"
+    assert raw.headers["x-samebits-mode"] == "deterministic" and raw.headers["x-samebits-dtype"] == "float32"
     first = raw.parse()
     assert raw.headers["x-samebits-fingerprint"] == first.system_fingerprint
     again = client.completions.create(model=MODEL_NAME, prompt="the cat", max_tokens=4, temperature=0)

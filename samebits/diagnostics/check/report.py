@@ -91,15 +91,35 @@ COLUMNS = ("experiment", "status", "method", "compared", "diverged", "unique out
            "max |Δlogprob|", "note")
 
 
+# The terminal table's columns, 80 wide: the HTML report has every column of COLUMNS; here method and note move to
+# the caption, the status under the experiment's name.
+TERMINAL_COLUMNS = ("experiment", "compared", "diverged", "uniq", "first", "max |Δ|")
+
+
 def table(report: dict) -> Table:
     tol = "exact" if report["comparison"]["exact"] else f"tolerance {report['comparison']['tolerance']:g} (explicit)"
-    t = Table(title=f"samebits check · {report['url']} · {report['model']} · {report['api']} · {tol}")
-    for c in COLUMNS:
-        t.add_column(c, overflow="fold")
-    for r in rows(report):
-        status = f"[{STYLE[r[1]]}]{r[1]}[/]" if r[1] else ""
-        t.add_row(escape(r[0]), status, *(escape(c) for c in r[2:]))
+    t = Table(title=f"samebits check · {report['url']} · {report['model']} · {report['api']} · {tol}",
+              caption_justify="left")
+    for c in TERMINAL_COLUMNS:
+        t.add_column(c, no_wrap=True, overflow="ellipsis")
+    for e in report["experiments"]:
+        groups = [[g["label"], f"{g['diverged']}/{g['observations']}", str(g["unique_outputs"]),
+                   "" if g["first_divergence"] is None else str(g["first_divergence"]),
+                   "0" if g["max_abs_delta"] == 0 else f"{g['max_abs_delta']:.1e}"]
+                  for g in e["groups"]] or [[""] * 5]
+        heads = _heads(escape(e["name"]), f"[{STYLE[e['status']]}]{e['status']}[/]", len(groups))
+        for i, (head, cells) in enumerate(zip(heads, groups)):
+            t.add_row(head, *(escape(c) for c in cells), end_section=i == len(groups) - 1)
     v = report["verdict"]
-    t.caption = f"[{STYLE[v]}]{v.upper()}[/] · {report['requests']} requests in {report['elapsed_s']:.1f}s · " \
-                f"system_fingerprint {escape(', '.join(report['endpoint']['system_fingerprints']) or 'absent')}"
+    summary = (f"[{STYLE[v]}]{v.upper()}[/] · {report['requests']} requests in {report['elapsed_s']:.1f}s · "
+               f"system_fingerprint {escape(', '.join(report['endpoint']['system_fingerprints']) or 'absent')}")
+    lines = [summary, "uniq: unique outputs · first: first diverging position · max |Δ|: largest |Δlogprob|"]
+    lines += [escape(f"{e['name']}: " + "; ".join(filter(None, (e["method"] and f"by {e['method']}", e["note"]))))
+              for e in report["experiments"] if e["method"] or e["note"]]
+    t.caption = "\n".join(lines)
     return t
+
+
+def _heads(name: str, status: str, n: int) -> list[str]:
+    """The experiment column down its group rows: the name, then the status (on the name's row when it has one)."""
+    return [f"{name}\n{status}"] if n == 1 else [name, status] + [""] * (n - 2)
