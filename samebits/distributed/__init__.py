@@ -19,7 +19,7 @@ def one_rank(config, loaded):
     runner runs eagerly: the same bits as every TP size. The full model is dropped here, not kept beside its shard."""
     if not config.tp_invariant or config.tensor_parallel_size > 1:
         return loaded
-    import dataclasses
+    import copy
 
     import torch
 
@@ -31,7 +31,11 @@ def one_rank(config, loaded):
     model = ShardedLlama(loaded.config, full.ops, full.dtype, one, Group(0, 1), "ordered")
     with torch.no_grad():
         model.load_state_dict(sh.shard_state(full, one), strict=True)
-    return dataclasses.replace(loaded, model=model.eval())
+    # A copy keeps the loaded weights' digest (the fingerprint names the weights, the same at every TP size, not
+    # their layout); dataclasses.replace would digest the shard again.
+    ran = copy.copy(loaded)
+    object.__setattr__(ran, "model", model.eval())
+    return ran
 
 
 def parallel_numerics(config) -> dict:

@@ -118,3 +118,8 @@ def test_update_weights_refuses_the_sharded_layout(invariant):
 
     with pytest.raises(WeightsError, match="all_reduce='invariant' is not supported yet"):
         invariant[1].update_weights({})
+
+
+def test_the_weights_digest_is_the_loaded_models_at_every_tp_size(invariant):
+    digests = {tp: llm.engine.fingerprint()["weights"] for tp, llm in invariant.items()}
+    assert len(set(digests.values())) == 1, digests
