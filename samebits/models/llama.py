@@ -119,10 +119,10 @@ class LlamaModel(nn.Module):
         cfg, ops = self.config, self.ops
         t, d = x.shape[0], cfg.head_dim
         qkv = self._linear(layer, "qkv_proj", x)
+        # Views into qkv, not copies: RoPE reads strided rows and writes new q and k, the KV write reads strided v
+        # (each op's launcher asserts what it needs), so no layer launches the 3 copy kernels.
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.reshape(t, cfg.num_heads, d).contiguous()
-        k = k.reshape(t, cfg.num_kv_heads, d).contiguous()
-        v = v.reshape(t, cfg.num_kv_heads, d).contiguous()
+        q, k, v = q.view(t, cfg.num_heads, d), k.view(t, cfg.num_kv_heads, d), v.view(t, cfg.num_kv_heads, d)
         if cfg.qk_norm:
             q, k = self._head_norm(q, layer.q_norm), self._head_norm(k, layer.k_norm)
         q, k = ops.rope(q, k, positions, self.cos_sin)
