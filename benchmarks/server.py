@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import functools
 import json
 import random
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -75,6 +76,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--switch-interval", type=float, default=None,
                    help="sys.setswitchinterval for the run: how long the engine thread may wait for the GIL")
     p.add_argument("--skip-offline", action="store_true", help="skip the same workload through the offline engine")
+    p.add_argument("--engine-process", action="store_true",
+                   help="serve with the engine in its own process (ServerConfig.engine_process); the offline run's "
+                        "engine is freed first and its KV cache size kept")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args(argv)
 
@@ -91,29 +95,27 @@ def engine_config(args):
                                    "max_model_len": args.max_model_len, **extra})
 
 
+def loaded_factory(shape: str, mode: str, device: str | None, dtype: str | None):
+    """A picklable factory of a LoadedModel with random weights of `shape` and the tiny test tokenizer (prompts are
+    token ids anyway); an engine process calls it to build its model."""
+    from samebits.models.testing import random_loaded as random_of
+
+    return functools.partial(random_of, SHAPES[shape], f"random-{shape}", mode, device, dtype)
+
+
 def random_loaded(shape: str, mode: str, device: str | None, dtype: str | None):
-    """A LoadedModel with random weights of `shape` and the tiny test tokenizer (prompts are token ids anyway)."""
-    import torch
+    return loaded_factory(shape, mode, device, dtype)()
 
-    from samebits.kernels import get_ops
-    from samebits.models.config import ModelConfig
-    from samebits.models.loader import LoadedModel, default_device
-    from samebits.models.testing import random_model, tiny_hf_config, write_tiny_checkpoint
-    from samebits.models.tokenizer import Tokenizer
 
-    device = device or default_device()
-    config = ModelConfig.from_hf(tiny_hf_config("llama3", **SHAPES[shape]))
-    torch_dtype = getattr(torch, dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
-    model = random_model(config, get_ops(mode, device), torch_dtype)
-    folder = write_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="samebits-tok-")))
-    return LoadedModel(model, Tokenizer.from_hf_dir(folder), config, f"random-{shape}", folder)
+def args_factory(args):
+    return loaded_factory(args.random_shape, args.mode, args.device, args.dtype) if args.random_shape else None
 
 
 def build_engine(args):
     from samebits.engine.llm_engine import LLMEngine
 
-    loaded = random_loaded(args.random_shape, args.mode, args.device, args.dtype) if args.random_shape else None
-    return LLMEngine(engine_config(args), loaded=loaded)
+    factory = args_factory(args)
+    return LLMEngine(engine_config(args), loaded=factory() if factory else None)
 
 
 # ---- requests ------------------------------------------------------------------------------------------------------
@@ -127,6 +129,12 @@ def make_requests(args, vocab_size: int, max_model_len: int) -> list[dict]:
         reqs.append({"model": SERVED_NAME, "prompt": ids, "max_tokens": n_out, "temperature": args.temperature,
                      "seed": 10_000 + i, "logprobs": 0, "ignore_eos": True, "stream": i % 2 == 1})
     return reqs
+
+
+def warm_up_requests(reqs: list[dict], vocab_size: int) -> list[dict]:
+    """The workload's shapes (prompt lengths, batch sizes) at 4 output tokens, on other token ids: no prompt of the
+    measured run finds its prefix cached."""
+    return [{**r, "max_tokens": 4, "prompt": [3 + (t - 2) % (vocab_size - 3) for t in r["prompt"]]} for r in reqs]
 
 
 def parse_body(res: Result, data: dict) -> None:
@@ -289,19 +297,45 @@ def run(args) -> dict:
             offline_run(engine, [{**r, "max_tokens": 4} for r in reqs])
             t = time.perf_counter()
             offline = (*offline_run(engine, reqs), log.summary(t, time.perf_counter()))
-        server = ServerThread(build_app(AsyncEngine(engine, max_waiting=config.engine.max_waiting), config), config)
+        if args.engine_process:
+            kv_tokens = engine.runner.num_blocks * engine.runner.block_size
+            del engine, log  # freed before the child loads: its weights and cache would halve the child's memory
+            async_engine, log = process_engine(args, config, kv_tokens), None
+            engine = async_engine.engine
+        else:
+            async_engine = AsyncEngine(engine, max_waiting=config.engine.max_waiting)
+        server = ServerThread(build_app(async_engine, config), config)
         try:
             return measure(args, engine, server.url, load_s, offline, log)
         finally:
             server.stop()
+            async_engine.shutdown()
 
 
-def measure(args, engine, url: str, load_s: float, offline: tuple | None, log: StepLog) -> dict:
-    vocab = engine.loaded.config.vocab_size
+def process_engine(args, config, kv_tokens: int):
+    """The server's engine in its own process, with the offline engine's KV cache size (the same steps)."""
+    import gc
+
+    import torch
+
+    from samebits.server.serve import build_async_engine
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    child = engine_config(args).replace(kv_cache_tokens=kv_tokens, max_waiting=config.engine.max_waiting)
+    return build_async_engine(dataclasses.replace(config, engine=child, engine_process=True), args_factory(args))
+
+
+def measure(args, engine, url: str, load_s: float, offline: tuple | None, log: StepLog | None) -> dict:
+    vocab = engine.vocab_size if args.engine_process else engine.loaded.config.vocab_size
     reqs = make_requests(args, vocab, engine.max_model_len)
     asyncio.run(fire(url, [{**reqs[0], "max_tokens": 4}], 1))  # warm-up: first-call allocations, graph capture
+    if args.engine_process:  # a fresh engine: warm it at every shape, as the offline runs warmed the thread's
+        fire_elsewhere(url, warm_up_requests(reqs, vocab), args.concurrency or len(reqs))
     results, wall, start = fire_elsewhere(url, reqs, args.concurrency or len(reqs))
-    served = log.summary(start, start + wall)
+    # The engine process's steps are not logged here (they run in the child); the wall time says what they cost.
+    served = log.summary(start, start + wall) if log is not None else None
     solo, solo_wall = solo_runs(url, reqs, args.solo_budget_s)
     report = summarize(results, wall, solo, solo_wall, reqs)
     report["load_s"] = load_s
@@ -328,7 +362,8 @@ def main(argv=None) -> int:
         report = run(args)
     finally:
         sys.setswitchinterval(default)
-    path = args.out / (f"server_bench.si{args.switch_interval}.json" if args.switch_interval else "server_bench.json")
+    name = "server_bench" + (".process" if args.engine_process else "")
+    path = args.out / (f"{name}.si{args.switch_interval}.json" if args.switch_interval else f"{name}.json")
     path.write_text(json.dumps(report, indent=2) + "\n")
     s = report["solo"]
     print(f"{report['requests']} requests, {report['output_tokens']} tokens in {report['wall_s']:.1f}s = "
@@ -339,6 +374,8 @@ def main(argv=None) -> int:
         print(f"offline engine: {o['output_tokens_per_s']:.0f} tok/s in {o['wall_s']:.1f}s; server / offline = "
               f"{o['server_over_offline']:.2f}; {o['equal_to_server']} of {report['requests']} equal to the server's")
         for name, st in (("offline", o["engine_steps"]), ("server", report["engine_steps"])):
+            if st is None:
+                continue
             print(f"  {name}: {st['steps']} steps, {st['mean_step_ms']:.2f} ms each, {st['mean_running']:.0f} running, "
                   f"{st['in_step_s']:.1f} s in steps, {st['between_steps_s']:.1f} s between")
     return 0 if report["all_checked_equal"] else 1

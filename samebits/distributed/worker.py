@@ -15,6 +15,7 @@ import torch
 
 from samebits.distributed.group import Group, join_store
 from samebits.distributed.rank import Rank, RankSpec
+from samebits.runtime import runtime_for
 
 
 def device_of(base: torch.device, rank: int) -> torch.device:
@@ -24,18 +25,10 @@ def device_of(base: torch.device, rank: int) -> torch.device:
     return torch.device("cuda", (base.index or 0) + rank)
 
 
-def _runtime(mode: str):
-    if mode != "deterministic":
-        return contextlib.nullcontext()
-    from samebits.runtime import deterministic_runtime
-
-    return deterministic_runtime()
-
-
 def main(rank: int, spec: RankSpec, base_device: str, port: int, state: dict, conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        with _runtime(spec.mode):
+        with runtime_for(spec.mode):
             _serve(rank, spec, device_of(torch.device(base_device), rank), port, state, conn)
     except Exception:  # noqa: BLE001 - anything that ends a worker is reported to rank 0, then the process ends
         with contextlib.suppress(OSError):

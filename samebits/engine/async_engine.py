@@ -21,7 +21,10 @@ from typing import Any
 from samebits.engine.outputs import EngineStats
 from samebits.engine.scheduler import QueueFull
 
-__all__ = ["AsyncEngine", "EngineDead", "QueueFull", "RequestTooLarge"]
+__all__ = ["ENGINE_COMMANDS", "AsyncEngine", "EngineDead", "QueueFull", "RequestTooLarge", "engine_command"]
+
+# What the server runs on the engine between steps, by name: a name crosses to an engine process, a closure cannot.
+ENGINE_COMMANDS = ("update_weights",)
 
 
 class EngineDead(RuntimeError):
@@ -98,6 +101,15 @@ def _settle(future: concurrent.futures.Future, error: BaseException | None = Non
             future.set_exception(error)
     except concurrent.futures.InvalidStateError:
         pass
+
+
+def engine_command(name: str) -> Callable:
+    """The function `fn(engine, *args)` named `name` in ENGINE_COMMANDS; ValueError naming the known ones."""
+    if name not in ENGINE_COMMANDS:
+        raise ValueError(f"unknown engine command {name!r}; the engine runs {list(ENGINE_COMMANDS)}")
+    from samebits.engine.weights import update_weights
+
+    return {"update_weights": update_weights}[name]
 
 
 def waiting_cost(num_prompt_tokens: int, params) -> tuple[int, int]:
@@ -224,6 +236,11 @@ class AsyncEngine:
     async def call(self, fn: Callable[[Any], Any]) -> Any:
         """fn(engine) on the engine thread, between steps (the engine is not thread-safe): its result or its error."""
         return await asyncio.wrap_future(self._submit("call", fn))
+
+    async def command(self, name: str, *args) -> Any:
+        """The named engine command (ENGINE_COMMANDS) on the engine between steps: its result or its error."""
+        fn = engine_command(name)
+        return await self.call(lambda engine: fn(engine, *args))
 
     def _submit(self, kind: str, *args) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()

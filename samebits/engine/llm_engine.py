@@ -10,18 +10,13 @@ for nothing, which is dropped. A row's arithmetic never depends on its neighbour
 """
 from __future__ import annotations
 
-import random
-import secrets
-
 from samebits.distributed import one_rank, parallel_numerics, runner_for
-from samebits.engine.config import SEED_LIMIT, EngineConfig
+from samebits.engine.config import EngineConfig
 from samebits.engine.output_processor import OutputProcessor
-from samebits.engine.outputs import EngineStats, RequestOutput
-from samebits.engine.sampling_params import SamplingParams, check_context_length
+from samebits.engine.outputs import EngineInfo, EngineStats, RequestOutput
+from samebits.engine.sampling_params import SamplingParams, check_prompt
 from samebits.engine.scheduler import ScheduledSeq, Scheduler
-
-# getrandbits, not randrange: the stream of seeds drawn under config.seed must stay the one it always was.
-SEED_BITS = SEED_LIMIT.bit_length() - 1
+from samebits.engine.seeds import SeedStream
 
 
 class LLMEngine:
@@ -43,7 +38,7 @@ class LLMEngine:
         self._inflight = None  # (SchedulerOutput, SampledStep) launched and not yet read back
         self.processor = OutputProcessor(self.tokenizer, self.tokenizer.eos_token_ids, self.max_model_len,
                                          lambda: self.fingerprint()["hash"])
-        self._seeds = random.Random(config.seed) if config.seed is not None else None
+        self._seeds = SeedStream(config.seed)
         self._fingerprint: dict | None = None
         self.prompt_tokens = 0
 
@@ -65,18 +60,12 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------------------------------------------
     def draw_seed(self) -> int:
         """A request's seed when it sends none: from the engine's seed stream (`EngineConfig.seed`), else fresh."""
-        return self._seeds.getrandbits(SEED_BITS) if self._seeds else secrets.randbits(SEED_BITS)
+        return self._seeds.draw()
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams, where: str = "prompt") -> None:
         """Raise ValueError naming the field and the limit, as vLLM does, before anything is queued; `where` names
         the prompt in a context-length refusal ("prompt", or "messages" for chat)."""
-        n, vocab = len(prompt_token_ids), self.loaded.config.vocab_size
-        if n == 0:
-            raise ValueError("prompt must not be empty")
-        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[0]!r}")
-        check_context_length(n, params.max_tokens, self.max_model_len, where)
+        check_prompt(prompt_token_ids, params, self.loaded.config.vocab_size, self.max_model_len, where)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None) -> None:
@@ -161,6 +150,11 @@ class LLMEngine:
             start += n
             self.scheduler.mark_computed(seq, start)
         return scores
+
+    def info(self) -> EngineInfo:
+        runner = self.runner
+        return EngineInfo(self.model_name, str(self.loaded.path), self.config.mode, self.loaded.config.vocab_size,
+                          self.max_model_len, runner.dtype, str(runner.device), runner.num_blocks, runner.block_size)
 
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()

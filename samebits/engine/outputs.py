@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -112,3 +113,18 @@ class EngineStats:
     num_preemptions: int
     prompt_tokens: int
     generation_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the server says about the engine it serves (the startup line, the admin route's dtype); picklable."""
+
+    model_name: str
+    model_path: str
+    mode: str
+    vocab_size: int
+    max_model_len: int
+    dtype: Any  # the runner's torch.dtype
+    device: str
+    num_blocks: int
+    block_size: int

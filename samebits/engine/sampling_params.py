@@ -153,6 +153,21 @@ class ContextLengthError(ValueError):
         super().__init__(message)
         self.param = param
 
+    def __reduce__(self):  # both arguments, so it crosses the engine process's pipe (engine/engine_process.py)
+        return type(self), (str(self), self.param)
+
+
+def check_prompt(prompt_token_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int,
+                 where: str = "prompt") -> None:
+    """The engine's check of one prompt before it is queued: not empty, token ids in the vocabulary, the context."""
+    n = len(prompt_token_ids)
+    if n == 0:
+        raise ValueError("prompt must not be empty")
+    bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size}); got {bad[0]!r}")
+    check_context_length(n, params.max_tokens, max_model_len, where)
+
 
 def check_context_length(prompt_len: int, max_tokens: int, max_model_len: int, where: str = "prompt") -> None:
     """The one context-length check: a prompt must leave room for at least one token, and prompt + max_tokens must

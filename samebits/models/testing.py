@@ -3,7 +3,8 @@
 `write_tiny_checkpoint(path, variant)` writes config.json, safetensors (optionally sharded with an index),
 tokenizer.json (a byte-level BPE built with `tokenizers`), tokenizer_config.json with a ChatML template, and
 generation_config.json. Same (variant, seed, overrides) -> same bytes. `random_model` builds a model of any
-shape directly on a device, without files (for shapes too large to write, such as 8B).
+shape directly on a device, without files (for shapes too large to write, such as 8B); `random_loaded` wraps one with
+the tiny tokenizer as the engine loads it.
 """
 from __future__ import annotations
 
@@ -277,3 +278,20 @@ def random_model(config: ModelConfig, ops, dtype: torch.dtype = torch.bfloat16, 
         noise = torch.randn(param.shape, generator=gen, device=param.device, dtype=torch.float32)
         param.data.copy_(1.0 + 0.1 * noise if "norm" in name else 0.02 * noise)
     return model.eval()
+
+
+def random_loaded(hf_overrides: dict, name: str, mode: str, device: str | None = None, dtype: str | None = None):
+    """A LoadedModel of `tiny_hf_config("llama3", **hf_overrides)`'s shape with random weights and the tiny test
+    tokenizer, no checkpoint files (an importable factory, so an engine process can build it: engine_process.py)."""
+    import tempfile
+
+    from samebits.kernels import get_ops
+    from samebits.models.loader import LoadedModel, default_device
+    from samebits.models.tokenizer import Tokenizer
+
+    device = device or default_device()
+    config = ModelConfig.from_hf(tiny_hf_config("llama3", **hf_overrides))
+    torch_dtype = getattr(torch, dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+    model = random_model(config, get_ops(mode, device), torch_dtype)
+    folder = write_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="samebits-tok-")))
+    return LoadedModel(model, Tokenizer.from_hf_dir(folder), config, name, folder)

@@ -6,6 +6,7 @@ from samebits.runtime.template import (
     deterministic_runtime,
     env_problems,
     flag_problems,
+    runtime_for,
     shell_exports,
 )
 
@@ -16,6 +17,7 @@ __all__ = [
     "env_problems",
     "fingerprint",
     "flag_problems",
+    "runtime_for",
     "shell_exports",
     "verify_lock",
     "write_lock",

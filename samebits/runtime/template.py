@@ -160,6 +160,11 @@ def deterministic_runtime():
         _restore_env(saved_env)
 
 
+def runtime_for(mode: str):
+    """The deployment template in deterministic mode, nothing in fast mode: what each process that steps enters."""
+    return deterministic_runtime() if mode == "deterministic" else contextlib.nullcontext()
+
+
 def mkl_setting_for(current: str | None) -> str:
     """The MKL mode to pin: the one already exported if the template accepts it (the portable path), else its own."""
     return current if current in ACCEPTED_ENV["MKL_CBWR"] else TEMPLATE_ENV["MKL_CBWR"]

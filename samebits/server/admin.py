@@ -32,8 +32,8 @@ def add_admin_routes(app: FastAPI, state) -> None:
     async def update_weights(request: Request) -> Response:
         _require_key(state)
         req = await read_model(request, UpdateWeightsRequest, state.config.max_body_bytes)
-        tensors = await asyncio.to_thread(_read_tensors, req.path, state.engine.runner.model.dtype)
-        version = await state.ae.call(_updater(tensors, req.version))
+        tensors = await asyncio.to_thread(_read_tensors, req.path, state.engine.info().dtype)
+        version = await _update(state.ae, tensors, req.version)
         state.fingerprint.clear()
         state.fingerprint.update(state.engine.fingerprint())
         state.headers.clear()
@@ -55,18 +55,15 @@ def _require_key(state) -> None:
         raise APIError(403, "Admin routes need an API key: start the server with --api-keys.", code="admin_disabled")
 
 
-def _updater(tensors: dict, version: str | None):
-    def run(engine) -> str:
-        from samebits.engine.weights import EngineBusy, update_weights
+async def _update(ae, tensors: dict, version: str | None) -> str:
+    from samebits.engine.weights import EngineBusy
 
-        try:
-            return update_weights(engine, tensors, version)
-        except EngineBusy as e:
-            raise APIError(409, f"{e}.", code="engine_busy") from None
-        except ValueError as e:  # WeightsError: nothing was copied, the old weights serve on
-            raise invalid(str(e), "path") from None
-
-    return run
+    try:
+        return await ae.command("update_weights", tensors, version)
+    except EngineBusy as e:
+        raise APIError(409, f"{e}.", code="engine_busy") from None
+    except ValueError as e:  # WeightsError: nothing was copied, the old weights serve on
+        raise invalid(str(e), "path") from None
 
 
 def _read_tensors(path: str, dtype) -> dict:

@@ -53,6 +53,9 @@ class ServerConfig:
     timeout_body: float = 30.0
     max_connections: int = 1024
     log_level: str = "info"
+    # The engine in its own process (engine/engine_process.py): the server's Python work then never holds the GIL the
+    # step needs. Off: the engine thread in the server's process.
+    engine_process: bool = False
 
     def __post_init__(self) -> None:
         self._check_engine()
@@ -65,6 +68,8 @@ class ServerConfig:
             raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")  # noqa: TRY004
         if self.engine.max_waiting is None:
             raise ValueError("max_waiting must be set for a server (its waiting queue is bounded), got None")
+        if not isinstance(self.engine_process, bool):
+            raise ValueError(f"engine_process must be a bool, got {self.engine_process!r}")  # noqa: TRY004
 
     def _check_address(self) -> None:
         try:

@@ -6,6 +6,7 @@ import logging
 import socket
 import threading
 import time
+from pathlib import Path
 
 from samebits.server.config import ServerConfig
 
@@ -33,11 +34,18 @@ def uvicorn_config(app, config: ServerConfig, **overrides):
     return uvicorn.Config(app, **values)
 
 
-def build_async_engine(config: ServerConfig):
+def build_async_engine(config: ServerConfig, loaded=None):
+    """The engine behind the server: a thread beside the event loop, or its own process (`engine_process`); `loaded`:
+    the LoadedModel, or for an engine process a picklable factory of it (None: load `config.engine.model`)."""
+    if config.engine_process:
+        from samebits.engine.engine_process import ProcessAsyncEngine
+
+        return ProcessAsyncEngine(config.engine, loaded, max_waiting=config.engine.max_waiting,
+                                  max_waiting_tokens=config.max_waiting_tokens)
     from samebits.engine.async_engine import AsyncEngine
     from samebits.engine.llm_engine import LLMEngine
 
-    return AsyncEngine(LLMEngine(config.engine), max_waiting=config.engine.max_waiting,
+    return AsyncEngine(LLMEngine(config.engine, loaded), max_waiting=config.engine.max_waiting,
                        max_waiting_tokens=config.max_waiting_tokens)
 
 
@@ -85,15 +93,15 @@ def startup_line(engine, config: ServerConfig, url: str) -> str:
     from samebits.models import hub
     from samebits.models.loader import source_kind
 
-    loaded, runner = engine.loaded, engine.runner
-    source = f"{source_kind(loaded.path)} {loaded.path}"
+    info = engine.info()
+    source = f"{source_kind(Path(info.model_path))} {info.model_path}"
     if config.engine.model in hub.BUILTIN:
         source = f"built-in, {source}"
-    blocks, block = runner.num_blocks, runner.block_size
-    dtype = str(runner.dtype).removeprefix("torch.")
+    blocks, block = info.num_blocks, info.block_size
+    dtype = str(info.dtype).removeprefix("torch.")
     fp = engine.fingerprint()
-    return (f"serving {config.model_name!r} on {url}: model {loaded.name} ({source}), mode {engine.config.mode}, "
-            f"dtype {dtype}, device {runner.device}, context {engine.max_model_len} tokens, "
+    return (f"serving {config.model_name!r} on {url}: model {info.model_name} ({source}), mode {info.mode}, "
+            f"dtype {dtype}, device {info.device}, context {info.max_model_len} tokens, "
             f"KV cache {blocks} blocks x {block} = {blocks * block} tokens, weights {fp.get('weights')}, "
             f"fingerprint {fp['hash']}")
 
@@ -130,7 +138,10 @@ def serve(config: ServerConfig) -> None:
             async_engine = build_async_engine(config)
             log.info(startup_line(async_engine.engine, config, url))
             app = build_app(async_engine, config)
-            uvicorn.Server(uvicorn_config(app, config)).run(sockets=[sock])
+            try:
+                uvicorn.Server(uvicorn_config(app, config)).run(sockets=[sock])
+            finally:
+                async_engine.shutdown()  # also when uvicorn never started its lifespan: an engine process ends here
     finally:
         sock.close()
 

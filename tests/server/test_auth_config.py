@@ -120,7 +120,7 @@ NON_DEFAULT_FLAGS = {
     "max_prompt_chars": ["--max-prompt-chars", "10"], "max_waiting_tokens": ["--max-waiting-tokens", "11"],
     "default_max_tokens": ["--default-max-tokens", "12"], "allow_special_tokens": ["--allow-special-tokens"],
     "timeout_header": ["--timeout-header", "1.5"], "timeout_body": ["--timeout-body", "2.5"],
-    "max_connections": ["--max-connections", "13"],
+    "max_connections": ["--max-connections", "13"], "engine_process": ["--engine-process"],
 }
 
 

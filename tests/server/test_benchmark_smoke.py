@@ -1,7 +1,7 @@
 """benchmarks/server.py on CPU at toy size, so the GPU run does not meet its first bug there."""
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -10,11 +10,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_server", ROOT / "benchmarks" / "server.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    # By its importable name (benchmarks/ is a namespace package from the repository root): the benchmark's client
+    # runs in a spawned process, which must import the module to unpickle its function.
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module("benchmarks.server")
 
 
 def test_server_benchmark_smoke(tmp_path, tiny_model_dir):

@@ -38,6 +38,9 @@ class QueueFull(RuntimeError):
         super().__init__(f"the waiting queue is full ({limit} requests)")
         self.limit = limit
 
+    def __reduce__(self):  # its argument, not its message, so it crosses the engine process's pipe
+        return type(self), (self.limit,)
+
 
 def make_policy(name: str, max_num_seqs: int, max_num_batched_tokens: int, **options):
     if name not in POLICIES:

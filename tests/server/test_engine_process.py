@@ -1,0 +1,219 @@
+"""The engine-process backend (`--engine-process`, engine/engine_process.py) against the thread backend: the same
+responses bit for bit (ids, logprob bits, text, drawn seeds), abort frees blocks, weight sync, and a killed child
+fails requests with 503 instead of hanging. One server pair for the module: a spawn costs seconds of imports.
+
+The tests run in file order; the last one kills the shared child."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from samebits.engine.config import EngineConfig
+from samebits.models.testing import write_tiny_checkpoint
+from tests.server.conftest import MODEL_NAME, LiveServer
+
+KEY = "k"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+SEED = 7  # the servers' --seed: the stream seedless requests draw from
+PROMPT = [5, 17, 42, 99, 7, 3]
+
+
+def _live(config) -> LiveServer:
+    from samebits.server.app import build_app
+    from samebits.server.serve import ServerThread, build_async_engine
+
+    async_engine = build_async_engine(config)
+    app = build_app(async_engine, config)
+    thread = ServerThread(app, config)
+    return LiveServer(thread.url, app, async_engine, config, thread)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model_dir):
+    """(thread backend, process backend): one config apart, under the deployment template as `serve` runs them."""
+    from samebits.server.config import ServerConfig
+    from samebits.server.serve import template
+
+    base = {"model": str(tiny_model_dir), "served_model_name": MODEL_NAME, "port": 0, "log_level": "warning",
+            "device": "cpu", "max_num_seqs": 128, "max_model_len": 256, "seed": SEED, "api_keys": (KEY,)}
+    configs = [ServerConfig.from_dict({**base, "engine_process": p}) for p in (False, True)]
+    with template(configs[0]), concurrent.futures.ThreadPoolExecutor(1) as pool:
+        child = pool.submit(_live, configs[1])  # the child loads while this process builds the thread backend's
+        servers = [_live(configs[0]), child.result()]
+        yield servers
+        for s in servers:
+            s.stop()
+            s.async_engine.shutdown()
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.01)
+
+
+def _post(live: LiveServer, path: str, body: dict):
+    with live.client() as http:
+        return http.post(path, json=body, headers=AUTH)
+
+
+def _strip(obj: dict) -> dict:
+    return {k: v for k, v in obj.items() if k not in ("id", "created")}
+
+
+def _merged(events: list[dict]) -> dict:
+    """A stream's events joined per choice: how many steps one chunk holds depends on timing, what they hold not."""
+    choices: dict[int, dict] = {}
+    for e in events:
+        for c in e["choices"]:
+            into = choices.setdefault(c["index"], {})
+            for key, value in {**c.pop("delta", {}), **c}.items():
+                _join(into, key, value)
+    return {"head": [_strip({k: v for k, v in e.items() if k != "choices"}) for e in events[:1]], "choices": choices}
+
+
+def _join(into: dict, key: str, value) -> None:
+    if isinstance(value, (str, list)) and key not in ("role", "finish_reason"):
+        into[key] = into.get(key, value[:0]) + value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _join(into.setdefault(key, {}), k, v)
+    elif value is not None or key not in into:
+        into[key] = value
+
+
+def _comparable(r) -> dict:
+    """A response without what differs per call (ids, creation times): status, seed header, body or joined stream."""
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        events = [e.removeprefix("data: ") for e in r.text.split("\n\n") if e]
+        assert events[-1] == "[DONE]"
+        body = _merged([json.loads(e) for e in events[:-1]])
+    else:
+        body = _strip(r.json())
+    return {"status": r.status_code, "seed": r.headers.get("x-samebits-seed"), "body": body}
+
+
+REQUESTS = [
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "temperature": 0.8, "seed": 3, "logprobs": 2}),
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "temperature": 0.9, "logprobs": 0, "stream": True}),
+    ("/v1/completions", {"prompt": "hello world", "max_tokens": 10, "n": 2, "temperature": 1.0, "logprobs": 1}),
+    ("/v1/completions", {"prompt": [PROMPT, PROMPT[:3]], "max_tokens": 8, "n": 2, "temperature": 1.0,
+                         "stream": True, "stop": ["e", "a"]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9, "temperature": 0.7,
+                              "logprobs": True, "top_logprobs": 3}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "yo"}], "max_tokens": 9, "temperature": 0.7,
+                              "stream": True, "stop": "o"}),
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 300}),  # refused the same way: 400 naming max_tokens
+]
+
+
+def _logprob_bits(body: dict) -> list[int]:
+    values = body["choices"][0]["logprobs"]["token_logprobs"]
+    return torch.tensor(values, dtype=torch.float32).view(torch.int32).tolist()
+
+
+def test_process_backend_answers_bit_for_bit_as_the_thread_backend(pair):
+    thread, process = pair
+    answers = [[_comparable(_post(live, path, {"model": MODEL_NAME, **body})) for path, body in REQUESTS]
+               for live in pair]
+    for i, (a, b) in enumerate(zip(*answers)):
+        assert a == b, REQUESTS[i]
+    first = answers[1][0]
+    assert first["status"] == 200 and _logprob_bits(first["body"]) == _logprob_bits(answers[0][0]["body"])
+    assert answers[1][-1]["status"] == 400 and answers[1][-1]["body"]["error"]["param"] == "max_tokens"
+    # Seedless requests drew from each server's stream under --seed, in the same order: the same seeds.
+    drawn = [a["seed"] for a in answers[1][1:6]]
+    assert len(set(drawn)) == 5 and drawn == [a["seed"] for a in answers[0][1:6]]
+    assert process.engine.draw_seed() == thread.engine.draw_seed()  # the streams are still in step
+
+
+def test_negative_control_another_seed_answers_otherwise(pair):
+    path, body = REQUESTS[0]
+    a = _comparable(_post(pair[0], path, {"model": MODEL_NAME, **body}))
+    b = _comparable(_post(pair[1], path, {"model": MODEL_NAME, **body, "seed": 4}))
+    assert a["status"] == b["status"] == 200 and a["body"]["choices"] != b["body"]["choices"]
+
+
+def test_abort_mid_stream_frees_the_blocks(pair):
+    process = pair[1]
+    ae = process.async_engine
+    aborted = ae.counters.requests_aborted
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 200, "temperature": 0.5, "stream": True,
+            "ignore_eos": True}
+    with process.client() as http, http.stream("POST", "/v1/completions", json=body, headers=AUTH) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # the first chunk: the request runs and holds blocks
+        wait_for(lambda: ae.stats.num_running == 1 and ae.stats.kv_usage > 0)
+    wait_for(lambda: ae.counters.requests_aborted == aborted + 1)
+    wait_for(lambda: ae.stats.num_running == 0 and ae.stats.kv_usage == 0)
+    assert _post(process, "/v1/completions", {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 3}).status_code \
+        == 200
+
+
+def test_closures_cannot_cross_and_unknown_commands_are_refused(pair):
+    ae = pair[1].async_engine
+    with pytest.raises(TypeError, match="only named commands cross"):
+        asyncio.run(ae.call(lambda engine: engine.stats()))
+    with pytest.raises(ValueError, match="unknown engine command 'reset'.*update_weights"):
+        asyncio.run(ae.command("reset"))
+
+
+def test_update_weights_through_the_engine_process(pair, tmp_path):
+    new = write_tiny_checkpoint(tmp_path / "new", "llama3", seed=5)
+    path, body = REQUESTS[0]
+    before = _comparable(_post(pair[1], path, {"model": MODEL_NAME, **body}))
+    synced = [_post(live, "/admin/update_weights", {"path": str(new), "version": "step-1"}) for live in pair]
+    assert [r.status_code for r in synced] == [200, 200] and synced[0].json() == synced[1].json()
+    after = [_comparable(_post(live, path, {"model": MODEL_NAME, **body})) for live in pair]
+    assert after[0] == after[1] and after[1]["body"] != before["body"]
+    assert after[1]["body"]["system_fingerprint"] == synced[1].json()["fingerprint"]
+    narrow = write_tiny_checkpoint(tmp_path / "narrow", "llama3", seed=5, intermediate_size=128)
+    refused = _post(pair[1], "/admin/update_weights", {"path": str(narrow)})
+    assert refused.status_code == 400 and "old weights kept" in refused.json()["error"]["message"]
+
+
+def test_a_killed_engine_process_fails_requests_with_503_not_a_hang(pair):
+    process = pair[1]
+    ae = process.async_engine
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 200, "stream": True, "ignore_eos": True}
+    with process.client(timeout=30) as http, http.stream("POST", "/v1/completions", json=body, headers=AUTH) as r:
+        lines = r.iter_lines()
+        next(lines)
+        os.kill(ae.process.pid, signal.SIGKILL)
+        events = [ln.removeprefix("data: ") for ln in lines if ln]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "engine_dead"
+    wait_for(lambda: not ae.healthy)
+    assert "exit code -9" in str(ae.error)
+    r = _post(process, "/v1/completions", {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 3})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
+    assert pair[0].healthy()  # the negative control: the thread backend's server serves on
+
+
+def _exit_while_loading():
+    os._exit(3)
+
+
+def test_a_child_that_dies_while_loading_fails_the_constructor(tiny_model_dir):
+    from samebits.engine.engine_process import EngineProcessError, ProcessAsyncEngine
+
+    config = EngineConfig(model=str(tiny_model_dir), device="cpu", max_model_len=256)
+    with pytest.raises(EngineProcessError, match=r"exited while loading \(exit code 3\)"):
+        ProcessAsyncEngine(config, _exit_while_loading, start_timeout_s=120)
+
+
+def test_engine_process_config_is_checked():
+    from samebits.engine.engine_process import ProcessAsyncEngine
+    from samebits.server.config import ServerConfig
+
+    with pytest.raises(ValueError, match="engine_process must be a bool, got 1"):
+        ServerConfig(engine_process=1)
+    with pytest.raises(ValueError, match="engine_process needs tensor_parallel_size=1, got 2"):  # before any spawn
+        ProcessAsyncEngine(EngineConfig(tensor_parallel_size=2))
