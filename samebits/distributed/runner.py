@@ -157,7 +157,9 @@ class TPRunner:
         plan = PromptRowsPlan.of(scheduled, ends)
         # The prompt rows' logits come with the sampled rows' in the one gather every rank runs.
         _, logits = self._run(self._inputs(scheduled, output.padding, sampled + (plan.rows if plan else [])))
-        prompt = None if plan is None else score_prompt_rows(logits[len(sampled):], plan, self.sampler.ops)
+        # Every rank gathers all the step's rows at once here: ROWS_PER_SLICE bounds only the scoring after it.
+        prompt = None if plan is None else score_prompt_rows(
+            lambda a, b: logits[len(sampled) + a:len(sampled) + b], plan, self.sampler.ops)
         items = [s for s in scheduled if s.sample]
         if not items:
             return SampledStep([], None, prompt)

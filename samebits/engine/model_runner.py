@@ -204,7 +204,8 @@ class ModelRunner:
         if plan is None:
             return None
         rows = to_device(plan.rows, torch.int64, self.device)
-        return score_prompt_rows(self.model.compute_logits(hidden.index_select(0, rows)), plan, self.sampler.ops)
+        return score_prompt_rows(lambda a, b: self.model.compute_logits(hidden.index_select(0, rows[a:b])), plan,
+                                 self.sampler.ops)
 
     def _pending_filler(self, scheduled, ends: list[int], previous: SampledStep | None):
         """A function writing, into a step's input ids, the pending tokens `previous` drew; None if there are none."""

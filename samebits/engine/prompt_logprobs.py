@@ -15,6 +15,10 @@ from samebits.engine.outputs import PromptStepResult
 from samebits.engine.sampler import top_k_logprobs
 from samebits.kernels.common import to_device
 
+# Prompt rows scored per slice: bounds the [rows, vocab] float32 logits (and their log_softmax, comparison mask and
+# sort) a long prefill holds at once. Not a bit-changing constant: each row's bits are its own in deterministic mode.
+ROWS_PER_SLICE = 512
+
 
 @dataclass
 class PromptRowsPlan:
@@ -68,11 +72,16 @@ class PromptScores:
         return out
 
 
-def score_prompt_rows(logits: torch.Tensor, plan: PromptRowsPlan, ops) -> PromptScores:
-    """The prompt rows' logprobs through `ops.log_softmax`, the sampler's (sampler.py), so decode's bits."""
-    logprobs = ops.log_softmax(logits, dim=-1)
-    targets = to_device(plan.targets, torch.int64, logits.device)
-    picked = logprobs.gather(1, targets[:, None])
-    ranks = (logprobs >= picked).sum(dim=-1)  # vLLM's rank: how many tokens are at least as likely; exact integers
-    ids, values = top_k_logprobs(logprobs, plan.k)
-    return PromptScores(plan, picked[:, 0], ranks, ids, values)
+def score_prompt_rows(logits_of, plan: PromptRowsPlan, ops) -> PromptScores:
+    """The prompt rows' logprobs through `ops.log_softmax`, the sampler's (sampler.py), so decode's bits;
+    `logits_of(a, b)` gives the float32 logits of plan rows [a, b), computed ROWS_PER_SLICE at a time."""
+    device = None
+    parts = []
+    for a in range(0, len(plan.rows), ROWS_PER_SLICE):
+        b = min(a + ROWS_PER_SLICE, len(plan.rows))
+        logprobs = ops.log_softmax(logits_of(a, b), dim=-1)
+        device = logprobs.device
+        picked = logprobs.gather(1, to_device(plan.targets[a:b], torch.int64, device)[:, None])
+        ranks = (logprobs >= picked).sum(dim=-1)  # vLLM's rank: how many tokens are at least as likely; exact
+        parts.append((picked[:, 0], ranks, *top_k_logprobs(logprobs, plan.k)))
+    return PromptScores(plan, *(torch.cat(column) for column in zip(*parts)))

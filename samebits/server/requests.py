@@ -60,7 +60,7 @@ class Job:
     echo: bool
     logprobs: bool
     include_usage: bool
-    # vLLM's prompt_logprobs field is in the body (not only echo's prompt logprobs).
+    # The response carries vLLM's prompt_logprobs (asked for, or on completions computed for echo, as vLLM's).
     prompt_logprobs: bool = False
     # echo with max_tokens=0: the prompt scored, the one token drawn to get there dropped (vLLM's and OpenAI's).
     echo_only: bool = False
@@ -273,7 +273,7 @@ def completion_job(state: ServerState, req: CompletionRequest) -> Job:
     subs = [Sub(f"{meta.id}-{i}", ids, text) for i, (text, ids) in enumerate(prompts)]
     _engine_checked(state, subs, params, "prompt")
     return Job("text", meta, subs, params, stop_list(req.stop), bool(req.echo), req.logprobs is not None,
-               _include_usage(req), req.prompt_logprobs is not None, echo_only)
+               _include_usage(req), scored is not None, echo_only)
 
 
 def _chat_ids(state: ServerState, req: ChatRequest) -> list[int]:

@@ -135,3 +135,17 @@ def test_prompt_logprobs_equal_decode_logprobs(ckpt, models, seed):
 def test_negative_control_fast_mode_prefill_differs_from_decode(ckpt, models, seed):
     decoded, prefilled = decode_vs_prefill(ckpt, models, "fast", seed)
     assert decoded != prefilled
+
+
+def test_prompt_rows_scored_in_slices_keep_their_bits(ckpt, models, seed, monkeypatch):
+    """A long prefill scores its prompt rows ROWS_PER_SLICE at a time; the slices change no bit."""
+    from samebits.engine import prompt_logprobs
+
+    rng = random.Random(seed)
+    reqs = [(tokens(rng, rng.randrange(10, 40)), SamplingParams(max_tokens=1, prompt_logprobs=2)) for _ in range(3)]
+    whole = run(engine(ckpt, models), reqs)
+    monkeypatch.setattr(prompt_logprobs, "ROWS_PER_SLICE", 7)
+    sliced = run(engine(ckpt, models), reqs)
+    for rid, out in whole.items():
+        assert list(sliced[rid].prompt_logprobs) == list(out.prompt_logprobs)
+        assert bits(prompt_lps(sliced[rid])) == bits(prompt_lps(out))
