@@ -75,13 +75,11 @@ class PromptScores:
 def score_prompt_rows(logits_of, plan: PromptRowsPlan, ops) -> PromptScores:
     """The prompt rows' logprobs through `ops.log_softmax`, the sampler's (sampler.py), so decode's bits;
     `logits_of(a, b)` gives the float32 logits of plan rows [a, b), computed ROWS_PER_SLICE at a time."""
-    device = None
     parts = []
     for a in range(0, len(plan.rows), ROWS_PER_SLICE):
         b = min(a + ROWS_PER_SLICE, len(plan.rows))
         logprobs = ops.log_softmax(logits_of(a, b), dim=-1)
-        device = logprobs.device
-        picked = logprobs.gather(1, to_device(plan.targets[a:b], torch.int64, device)[:, None])
+        picked = logprobs.gather(1, to_device(plan.targets[a:b], torch.int64, logprobs.device)[:, None])
         ranks = (logprobs >= picked).sum(dim=-1)  # vLLM's rank: how many tokens are at least as likely; exact
         parts.append((picked[:, 0], ranks, *top_k_logprobs(logprobs, plan.k)))
     return PromptScores(plan, *(torch.cat(column) for column in zip(*parts)))
