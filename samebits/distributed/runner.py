@@ -22,6 +22,7 @@ from samebits.distributed import worker
 from samebits.distributed.group import Group, open_store
 from samebits.distributed.rank import Rank, RankSpec, StepInputs
 from samebits.engine.model_runner import SampledStep, choose_num_blocks, flatten, sampling_batch
+from samebits.engine.prompt_logprobs import PromptRowsPlan, score_prompt_rows
 from samebits.engine.sampler import Sampler
 
 TIMEOUT_S = 300.0  # a collective may take this long at most
@@ -152,12 +153,18 @@ class TPRunner:
         if not scheduled:
             return SampledStep([], None)
         ends = list(itertools.accumulate(s.num_new_tokens for s in scheduled))
-        sampling = [i for i, s in enumerate(scheduled) if s.sample]
-        _, logits = self._run(self._inputs(scheduled, output.padding, [ends[i] - 1 for i in sampling]))
-        if not sampling:
-            return SampledStep([], None)
-        items = [scheduled[i] for i in sampling]
-        return SampledStep([s.seq for s in items], self.sampler(logits, sampling_batch(items, self.eos_token_ids)))
+        sampled = [end - 1 for s, end in zip(scheduled, ends) if s.sample]
+        plan = PromptRowsPlan.of(scheduled, ends)
+        # The prompt rows' logits come with the sampled rows' in the one gather every rank runs.
+        _, logits = self._run(self._inputs(scheduled, output.padding, sampled + (plan.rows if plan else [])))
+        # Every rank gathers all the step's rows at once here: ROWS_PER_SLICE bounds only the scoring after it.
+        prompt = None if plan is None else score_prompt_rows(
+            lambda a, b: logits[len(sampled) + a:len(sampled) + b], plan, self.sampler.ops)
+        items = [s for s in scheduled if s.sample]
+        if not items:
+            return SampledStep([], None, prompt)
+        return SampledStep([s.seq for s in items],
+                           self.sampler(logits[:len(sampled)], sampling_batch(items, self.eos_token_ids)), prompt)
 
     @torch.inference_mode()
     def score_rows(self, item, skip: int, targets: list[int]) -> list[float]:

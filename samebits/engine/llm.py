@@ -6,7 +6,7 @@ import contextlib
 import itertools
 
 from samebits.engine.config import EngineConfig
-from samebits.engine.outputs import Logprob, RequestOutput
+from samebits.engine.outputs import RequestOutput
 from samebits.engine.prompts import normalize_prompts, render_chat
 from samebits.engine.sampling_params import SamplingParams, check_vocab
 
@@ -46,8 +46,8 @@ class LLM:
         with self._runtime():
             ids = [self._add(t, p, text) for (text, t), p in zip(items, params)]
             outs = self._run(ids, use_tqdm)
-            for out, p in zip(outs, params):
-                self._finish(out, p)
+            for out in outs:
+                self._finish(out)
         return outs
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True,
@@ -80,19 +80,15 @@ class LLM:
         score), which samebits does not have; new code should call teacher_forced_logprobs."""
         return self.teacher_forced_logprobs(prompt_token_ids, completion_token_ids)
 
-    def _finish(self, out: RequestOutput, params: SamplingParams) -> None:
-        """What the offline API adds to an engine output: decoded tokens for the Logprob records, and
-        prompt_logprobs through the scoring path (the engine is idle now), bit-equal to decode's."""
+    def _finish(self, out: RequestOutput) -> None:
+        """What the offline API adds to an engine output: decoded tokens for the Logprob records."""
         def decode(ids):
             return self.tokenizer.decode(ids, skip_special_tokens=False)
 
         for c in out.outputs:
             c.decode = decode
-        if params.prompt_logprobs is None:
-            return
-        ids = out.prompt_token_ids
-        scores = self.engine.score([ids[:1]], [ids[1:]])[0] if len(ids) > 1 else []
-        out.prompt_logprobs = [None] + [{t: Logprob(lp, None, decode([t]))} for t, lp in zip(ids[1:], scores)]
+        if out.prompt_logprobs is not None:
+            out.prompt_logprobs.decode = decode
 
     def _add(self, token_ids, params, text) -> str:
         request_id = str(next(self._ids))

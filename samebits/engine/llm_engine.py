@@ -111,7 +111,7 @@ class LLMEngine:
 
     def _finish_step(self, launched) -> None:
         out, sampled = launched
-        finished = self.processor.process(out, sampled.to_host())
+        finished = self.processor.process(out, sampled.to_host(), sampled.prompt_to_host())
         self.scheduler.apply(out, finished)
 
     def drain(self) -> None:

@@ -8,7 +8,8 @@ import torch
 
 from samebits.arith import cdiv
 from samebits.engine.config import EngineConfig
-from samebits.engine.outputs import StepResult
+from samebits.engine.outputs import PromptStepResult, StepResult
+from samebits.engine.prompt_logprobs import PromptRowsPlan, PromptScores, score_prompt_rows
 from samebits.engine.sampler import Sampler, SamplerOutput, SamplingBatch
 from samebits.engine.sequence import PENDING
 from samebits.kernels.attention import AttentionMetadata
@@ -21,26 +22,31 @@ GPU_KV_MEMORY_FRACTION = 0.80
 
 
 class SampledStep:
-    """One step's draws. They are copied to the host as soon as the sampler is enqueued, behind an event, so
-    `to_host` waits for this step alone, never for a step launched after it (async scheduling, llm_engine.py)."""
+    """One step's draws, and its prompt-logprob rows if any asked. They are copied to the host as soon as they are
+    enqueued, behind one event, so reading back waits for this step alone, never for a step launched after it (async
+    scheduling, llm_engine.py)."""
 
-    def __init__(self, seqs: list, out: SamplerOutput | None = None):
+    def __init__(self, seqs: list, out: SamplerOutput | None = None, prompt: PromptScores | None = None):
         self.seqs = seqs  # the sampled sequences, in row order
         self.out = out  # stays on the device: the next step reads its pending tokens from it
         self.row = {s.seq_id: i for i, s in enumerate(seqs)}
         self._host = None if out is None else [
             _copy_to_host(t) for t in (out.token_ids, out.logprobs, out.top_logprob_ids, out.top_logprobs)]
+        self._prompt = None if prompt is None else (prompt.plan, [_copy_to_host(t) for t in prompt.tensors()])
         self._ready = None
-        if out is not None and out.token_ids.is_cuda:
+        if (out is not None and out.token_ids.is_cuda) or (prompt is not None and prompt.logprobs.is_cuda):
             self._ready = torch.cuda.Event()
             self._ready.record()
+
+    def _wait(self) -> None:
+        if self._ready is not None:
+            self._ready.synchronize()
 
     def to_host(self) -> dict[int, StepResult]:
         """StepResult per sampled sequence, by seq_id; top-logprobs cut to each sequence's own count."""
         if self._host is None:
             return {}
-        if self._ready is not None:
-            self._ready.synchronize()
+        self._wait()
         # tolist turns float32 into the Python floats of exactly those values: no bit is lost.
         tokens, lps, ids, vals = (t.tolist() for t in self._host)
         results = {}
@@ -48,6 +54,13 @@ class SampledStep:
             top = {ids[i][j]: vals[i][j] for j in range(s.params.logprobs or 0)}
             results[s.seq_id] = StepResult(tokens[i], lps[i], top)
         return results
+
+    def prompt_to_host(self) -> dict[int, PromptStepResult]:
+        """The step's prompt-logprob rows per sequence, by seq_id (empty when no chunk had any)."""
+        if self._prompt is None:
+            return {}
+        self._wait()
+        return PromptScores.results(*self._prompt)
 
 
 def _copy_to_host(t: torch.Tensor) -> torch.Tensor:
@@ -182,12 +195,22 @@ class ModelRunner:
             hidden = self._graph_forward(output, fill)
         if hidden is None:
             hidden = self.forward(scheduled, output.padding, fill)
-        sampling = [i for i, s in enumerate(scheduled) if s.sample]
-        if not sampling:
-            return SampledStep([])
-        rows = to_device([ends[i] - 1 for i in sampling], torch.int64, self.device)
+        prompt = self._prompt_scores(hidden, PromptRowsPlan.of(scheduled, ends))
+        items = [s for s in scheduled if s.sample]
+        if not items:
+            return SampledStep([], None, prompt)
+        rows = to_device([end - 1 for s, end in zip(scheduled, ends) if s.sample], torch.int64, self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))
-        return self._sample(logits, [scheduled[i] for i in sampling])
+        return SampledStep([s.seq for s in items], self.sampler(logits, sampling_batch(items, self.eos_token_ids)),
+                           prompt)
+
+    def _prompt_scores(self, hidden: torch.Tensor, plan: PromptRowsPlan | None) -> PromptScores | None:
+        """The prompt-logprob rows' scores, apart from the sampled rows so theirs run exactly as without them."""
+        if plan is None:
+            return None
+        rows = to_device(plan.rows, torch.int64, self.device)
+        return score_prompt_rows(lambda a, b: self.model.compute_logits(hidden.index_select(0, rows[a:b])), plan,
+                                 self.sampler.ops)
 
     def _pending_filler(self, scheduled, ends: list[int], previous: SampledStep | None):
         """A function writing, into a step's input ids, the pending tokens `previous` drew; None if there are none."""
@@ -215,9 +238,6 @@ class ModelRunner:
             warnings.warn(f"CUDA graph capture failed ({e}); this step runs eagerly and the capture is retried "
                           "(cuda_graphs.CAPTURE_ATTEMPTS)", stacklevel=2)
             return None
-
-    def _sample(self, logits: torch.Tensor, items) -> SampledStep:
-        return SampledStep([s.seq for s in items], self.sampler(logits, sampling_batch(items, self.eos_token_ids)))
 
     @torch.inference_mode()
     def score_rows(self, item, skip: int, targets: list[int]) -> list[float]:

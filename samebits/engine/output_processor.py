@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from samebits.engine.outputs import CompletionOutput, RequestOutput, StepResult
+from samebits.engine.outputs import CompletionOutput, PromptLogprobs, PromptStepResult, RequestOutput, StepResult
 from samebits.engine.sequence import Finish, Sequence, ends_by_length
 
 
@@ -30,6 +30,23 @@ class _Request:
     prompt_token_ids: list[int]
     seed: int
     seqs: list[Sequence]
+    # Prompt-logprob rows read back so far, in prompt order (SamplingParams.prompt_logprobs).
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_ranks: list[int] = field(default_factory=list)
+    prompt_top: list[dict[int, float]] = field(default_factory=list)
+
+    def take_prompt_rows(self, rows: PromptStepResult) -> None:
+        if rows.first != len(self.prompt_logprobs):  # the scheduler hands out each row once, in order
+            raise ValueError(f"prompt logprob rows from {rows.first} arrived after {len(self.prompt_logprobs)}")
+        self.prompt_logprobs += rows.logprobs
+        self.prompt_ranks += rows.ranks
+        self.prompt_top += rows.top_logprobs
+
+    def prompt_view(self) -> PromptLogprobs | None:
+        """vLLM's prompt_logprobs once every row is in; None when not asked for (or, never seen, not yet in)."""
+        if self.seqs[0].params.prompt_logprobs is None or len(self.prompt_logprobs) < len(self.prompt_token_ids) - 1:
+            return None
+        return PromptLogprobs(self.prompt_token_ids, self.prompt_logprobs, self.prompt_ranks, self.prompt_top)
 
 
 def token_rule(seq: Sequence, eos_token_ids: frozenset[int], max_model_len: int) -> Finish | None:
@@ -77,8 +94,13 @@ class OutputProcessor:
         self._touched.pop(request_id, None)
 
     # ---- one step ------------------------------------------------------------------------------------------
-    def process(self, output, results: Mapping[int, StepResult]) -> list[Finish]:
-        """Take the step's draws (`results[seq_id]` for each chunk with sample=True); return who finishes now."""
+    def process(self, output, results: Mapping[int, StepResult],
+                prompt_rows: Mapping[int, PromptStepResult] | None = None) -> list[Finish]:
+        """Take the step's draws (`results[seq_id]` for each chunk with sample=True) and prompt-logprob rows
+        (`prompt_rows[seq_id]` for each chunk with prompt_rows); return who finishes now."""
+        for item in output.scheduled:
+            if item.prompt_rows and not item.seq.is_finished:  # before any draw: a sample's output then holds them
+                self.requests[item.seq.request_id].take_prompt_rows(prompt_rows[item.seq.seq_id])
         finished = []
         for item in output.scheduled:
             seq = item.seq
@@ -138,7 +160,7 @@ class OutputProcessor:
         scheduled = [s.first_scheduled for s in req.seqs if s.first_scheduled is not None]
         out = RequestOutput(request_id, req.prompt, req.prompt_token_ids, [self._completion(s) for s in req.seqs],
                             req.seqs[0].num_cached_tokens, req.seed, self.fingerprint(), finished,
-                            first_scheduled_time=min(scheduled, default=None))
+                            prompt_logprobs=req.prompt_view(), first_scheduled_time=min(scheduled, default=None))
         if finished:
             self.forget(request_id)
         return out

@@ -15,6 +15,16 @@ class StepResult:
     top_logprobs: dict[int, float]
 
 
+@dataclass
+class PromptStepResult:
+    """One step's prompt-logprob rows of one request, read back: row i scores prompt token first + i + 1."""
+
+    first: int
+    logprobs: list[float]
+    ranks: list[int]
+    top_logprobs: list[dict[int, float]]
+
+
 @dataclass(frozen=True)
 class Logprob:
     """vLLM's per-token logprob record. rank: 1 + how many tokens are more likely; known for the top-k alternatives
@@ -39,10 +49,13 @@ class SampleLogprobs(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
+        return self._step(i, None)
+
+    def _step(self, i: int, rank: int | None) -> dict[int, Logprob]:
         token = self._ids[i]
-        step = {token: Logprob(self._lps[i], None, self._text(token))}
-        for rank, (t, lp) in enumerate((self._top[i] if self._top else {}).items(), 1):
-            step[t] = Logprob(lp, rank, self._text(t))
+        step = {token: Logprob(self._lps[i], rank, self._text(token))}
+        for r, (t, lp) in enumerate((self._top[i] if self._top else {}).items(), 1):
+            step[t] = Logprob(lp, r, self._text(t))
         return step
 
     def _text(self, token: int) -> str | None:
@@ -53,6 +66,39 @@ class SampleLogprobs(Sequence):
 
     def __repr__(self) -> str:
         return f"SampleLogprobs({list(self)!r})"
+
+
+class PromptLogprobs(SampleLogprobs):
+    """vLLM's `prompt_logprobs`: None for the first prompt token (nothing predicts it), then per prompt token
+    {token_id: Logprob} with the token's rank (how many tokens are at least as likely: vLLM's count) and the top-k
+    alternatives. `decode` fills decoded_token (the offline API sets the tokenizer's)."""
+
+    def __init__(self, prompt_token_ids: list[int], token_logprobs: list[float], ranks: list[int],
+                 top: list[dict[int, float]] | None, decode: Callable[[list[int]], str] | None = None):
+        super().__init__(prompt_token_ids[1:], token_logprobs, top, decode)
+        self._ranks = ranks
+
+    @property
+    def decode(self) -> Callable[[list[int]], str] | None:
+        return self._decode
+
+    @decode.setter
+    def decode(self, fn: Callable[[list[int]], str] | None) -> None:
+        self._decode = fn
+
+    def __len__(self) -> int:
+        return 1 + len(self._lps)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = i + len(self) if i < 0 else i
+        if not 0 <= i < len(self):
+            raise IndexError(f"prompt position {i} out of range for {len(self)} prompt tokens")
+        return None if i == 0 else self._step(i - 1, self._ranks[i - 1])
+
+    def __repr__(self) -> str:
+        return f"PromptLogprobs({list(self)!r})"
 
 
 @dataclass
@@ -95,8 +141,9 @@ class RequestOutput:
     seed: int | None = None
     fingerprint: str | dict | None = None
     finished: bool = False
-    # vLLM's prompt_logprobs: None for the first prompt token, then {token_id: Logprob} (SamplingParams.prompt_logprobs).
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    # vLLM's prompt_logprobs (SamplingParams.prompt_logprobs): None for the first prompt token, then {token_id: Logprob};
+    # set once every prompt row is read back, which is before the first sampled token is.
+    prompt_logprobs: PromptLogprobs | None = None
     # time.monotonic() when the first of its samples was scheduled; None before that (vLLM's first_scheduled_time).
     first_scheduled_time: float | None = None
 

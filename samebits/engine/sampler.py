@@ -211,7 +211,7 @@ def _race(filtered: torch.Tensor, seeds, sample_indices, positions) -> torch.Ten
     return keys.argmax(dim=-1)
 
 
-def _top_logprobs(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_k_logprobs(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if k <= 0:
         empty = logprobs.new_empty((logprobs.shape[0], 0))
         return empty.long(), empty
@@ -239,7 +239,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, *, ops) -> SamplerOutput:
         tokens = tokens.index_copy(0, to_device(rows, torch.int64, logits.device),
                                    _sample_rows(adjusted, rows, batch.select(rows), ops))
     logprobs = ops.log_softmax(logits, dim=-1)
-    ids, values = _top_logprobs(logprobs, batch.num_top_logprobs)
+    ids, values = top_k_logprobs(logprobs, batch.num_top_logprobs)
     return SamplerOutput(tokens, logprobs.gather(1, tokens[:, None])[:, 0], ids, values)
 
 

@@ -54,8 +54,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
-    # The prompt tokens' own logprobs (0; top-k alternatives are not implemented), computed by LLM.generate through
-    # the scoring path, so bit-equal to what decoding reports for the same tokens.
+    # The prompt tokens' logprobs and that many top alternatives, computed in the prefill (engine/prompt_logprobs.py),
+    # bit-equal to what decoding reports for the same tokens; the request then skips the prefix cache.
     prompt_logprobs: int | None = None
 
     def __new__(cls, *args, **kwargs):
@@ -122,8 +122,8 @@ class SamplingParams:
             _is_int(t) and t >= 0 for t in allowed))
         _require(allowed_ok, f"allowed_token_ids must be None or a non-empty list of ints >= 0, got {allowed!r}")
         pl = self.prompt_logprobs
-        _require(pl is None or (_is_int(pl) and pl == 0), f"prompt_logprobs must be None or 0 (the prompt tokens' own "
-                 f"logprobs; their top-k alternatives are not implemented), got {pl!r}")
+        _require(pl is None or (_is_int(pl) and 0 <= pl <= MAX_LOGPROBS),
+                 f"prompt_logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {pl!r}")
 
     @cached_property
     def adjusts_logits(self) -> bool:

@@ -31,6 +31,23 @@ FINISH_STATUS = {
 }
 
 
+@dataclass(eq=False)
+class PromptRows:
+    """A request's prompt-logprob rows (SamplingParams.prompt_logprobs), shared by its samples: row p's logits give
+    prompt token p + 1's logprob. `scheduled` counts the leading rows some sample's chunk has computed, so each row
+    reaches the output once, across samples and recomputes after a preemption."""
+
+    wanted: int  # num_prompt_tokens - 1: nothing predicts the first token
+    scheduled: int = 0
+
+    def take(self, start: int, end: int) -> range:
+        """The rows a chunk over positions [start, end) computes for the output (none already taken)."""
+        rows = range(max(start, self.scheduled), min(end, self.wanted))
+        if rows:
+            self.scheduled = rows.stop
+        return rows
+
+
 class Finish(NamedTuple):
     """The output processor's decision that seq ends now; the scheduler applies it."""
 
@@ -64,6 +81,8 @@ class Sequence:
     num_pending: int = 0
     # time.monotonic() when the scheduler first admitted it (for queue and prefill time metrics; never numerics).
     first_scheduled: float | None = None
+    # Set when the request asks for prompt logprobs; the same object for all its samples.
+    prompt_rows: PromptRows | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)
@@ -107,6 +126,12 @@ class Sequence:
         return status is not _WAITING and status is not _RUNNING
 
     @property
+    def wants_prompt_rows(self) -> bool:
+        """Prompt-logprob rows are still to be computed: the prefix cache would skip them (block_manager.py)."""
+        rows = self.prompt_rows
+        return rows is not None and rows.scheduled < rows.wanted
+
+    @property
     def in_prefill(self) -> bool:
         # More than one token left means at least part of a (re)computed prompt is still ahead.
         return self.num_uncomputed > 1
@@ -141,5 +166,6 @@ def ends_by_length(seq: Sequence, num_tokens: int, max_model_len: int) -> bool:
 def make_sequences(request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int | None,
                    arrival: int = 0) -> list[Sequence]:
     """The n samples of one request; arrival i+k keeps FCFS order among siblings."""
-    return [Sequence(request_id, list(prompt_token_ids), params, seed, sample_index=k, arrival=arrival + k)
-            for k in range(params.n)]
+    rows = PromptRows(len(prompt_token_ids) - 1) if params.prompt_logprobs is not None else None
+    return [Sequence(request_id, list(prompt_token_ids), params, seed, sample_index=k, arrival=arrival + k,
+                     prompt_rows=rows) for k in range(params.n)]

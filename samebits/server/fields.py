@@ -14,7 +14,7 @@ from samebits.server.errors import invalid
 _SAMPLING = {
     "length_penalty": (1,), "bad_words": ([],), "logits_processors": ([],),
     "use_beam_search": (False,), "truncate_prompt_tokens": (), "spaces_between_special_tokens": (True,),
-    "prompt_logprobs": (), "return_tokens_as_token_ids": (False,),
+    "return_tokens_as_token_ids": (False,),
     "response_format": ({"type": "text"},), "structured_outputs": (), "guided_json": (), "guided_regex": (),
     "guided_choice": (), "guided_grammar": (), "guided_decoding_backend": (), "guided_whitespace_pattern": (),
 }

@@ -43,6 +43,7 @@ class _Sampling(_Base):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # OpenAI's JSON: token ids as strings
     allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' logprobs and that many alternatives
 
 
 class CompletionRequest(_Sampling):

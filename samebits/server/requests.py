@@ -60,6 +60,10 @@ class Job:
     echo: bool
     logprobs: bool
     include_usage: bool
+    # The response carries vLLM's prompt_logprobs (asked for, or on completions computed for echo, as vLLM's).
+    prompt_logprobs: bool = False
+    # echo with max_tokens=0: the prompt scored, the one token drawn to get there dropped (vLLM's and OpenAI's).
+    echo_only: bool = False
 
 
 # ---- parse -----------------------------------------------------------------------------------------------------
@@ -134,17 +138,26 @@ def _check_logprobs(value: int | None, limit: int, param: str) -> None:
         raise invalid(f"{param} must be in [0, {limit}], got {value}", param)
 
 
+def _check_prompt_logprobs(req, max_logprobs: int) -> None:
+    _check_logprobs(req.prompt_logprobs, max_logprobs, "prompt_logprobs")
+    if req.prompt_logprobs is not None and req.stream:  # vLLM's chunks have no place for them either
+        raise invalid("prompt_logprobs are not available with stream=true (for a completion, echo with logprobs "
+                      "streams the prompt's)", "prompt_logprobs")
+
+
 def _check_completion(req: CompletionRequest, max_logprobs: int) -> None:
     _check_logprobs(req.logprobs, max_logprobs, "logprobs")
-    if req.echo and req.logprobs is not None:
-        raise invalid("echo together with logprobs is not supported: the server has no prompt logprobs yet (the "
-                      "offline API has them: SamplingParams(prompt_logprobs=0))", "echo")
+    _check_prompt_logprobs(req, max_logprobs)
+    if req.max_tokens == 0 and not req.echo:
+        raise invalid("max_tokens must be >= 1 (0 is allowed with echo=true only: the prompt scored alone)",
+                      "max_tokens")
     if req.best_of is not None and req.best_of != (req.n or 1):
         raise invalid(f"best_of must equal n ({req.n or 1}) in samebits, got {req.best_of}", "best_of")
 
 
 def _check_chat(req: ChatRequest, max_logprobs: int) -> None:
     _check_logprobs(req.top_logprobs, max_logprobs, "top_logprobs")
+    _check_prompt_logprobs(req, max_logprobs)
     if req.top_logprobs and not req.logprobs:
         raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
     if not req.messages:
@@ -166,8 +179,8 @@ def _check_request(state: ServerState, req, endpoint: str) -> None:
 
 
 # ---- build -----------------------------------------------------------------------------------------------------
-def _sampling_params(req, max_tokens: int, seed: int, logprobs: int | None,
-                     fields: dict[str, str]) -> SamplingParams:
+def _sampling_params(req, max_tokens: int, seed: int, logprobs: int | None, fields: dict[str, str],
+                     prompt_logprobs: int | None = None) -> SamplingParams:
     """SamplingParams checks every value; its error names its own field, renamed to the request's by `fields`."""
     try:
         return SamplingParams(
@@ -176,7 +189,7 @@ def _sampling_params(req, max_tokens: int, seed: int, logprobs: int | None,
             min_p=0.0 if req.min_p is None else req.min_p, max_tokens=max_tokens, stop=stop_list(req.stop) or None,
             stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, seed=seed, n=req.n or 1,
             logprobs=logprobs, include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens, **_adjustments(req))
+            skip_special_tokens=req.skip_special_tokens, prompt_logprobs=prompt_logprobs, **_adjustments(req))
     except ValueError as e:
         message, field = str(e), field_of(str(e))
         name = fields.get(field, field)
@@ -251,12 +264,16 @@ def completion_job(state: ServerState, req: CompletionRequest) -> Job:
     _check_completion(req, state.config.max_logprobs)
     prompts = _completion_prompts(state, req.prompt)
     seed = _seed(state, req)
-    params = _sampling_params(req, 16 if req.max_tokens is None else req.max_tokens, seed, req.logprobs, {})
+    echo_only = bool(req.echo) and req.max_tokens == 0
+    max_tokens = 1 if echo_only else 16 if req.max_tokens is None else req.max_tokens
+    # vLLM: echo with logprobs scores the prompt with as many alternatives, unless prompt_logprobs says otherwise.
+    scored = req.prompt_logprobs if req.prompt_logprobs is not None else req.logprobs if req.echo else None
+    params = _sampling_params(req, max_tokens, seed, req.logprobs, {}, scored)
     meta = _new_meta(state, "cmpl", seed)
     subs = [Sub(f"{meta.id}-{i}", ids, text) for i, (text, ids) in enumerate(prompts)]
     _engine_checked(state, subs, params, "prompt")
     return Job("text", meta, subs, params, stop_list(req.stop), bool(req.echo), req.logprobs is not None,
-               _include_usage(req))
+               _include_usage(req), scored is not None, echo_only)
 
 
 def _chat_ids(state: ServerState, req: ChatRequest) -> list[int]:
@@ -279,8 +296,10 @@ def chat_job(state: ServerState, req: ChatRequest) -> Job:
     max_tokens = requested if requested is not None else state.default_max_tokens(len(ids))
     seed = _seed(state, req)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = _sampling_params(req, max_tokens, seed, logprobs, {"max_tokens": named, "logprobs": "top_logprobs"})
+    params = _sampling_params(req, max_tokens, seed, logprobs, {"max_tokens": named, "logprobs": "top_logprobs"},
+                              req.prompt_logprobs)
     meta = _new_meta(state, "chatcmpl", seed)
     subs = [Sub(f"{meta.id}-0", ids, None)]
     _engine_checked(state, subs, params, "messages")
-    return Job("chat", meta, subs, params, stop_list(req.stop), False, bool(req.logprobs), _include_usage(req))
+    return Job("chat", meta, subs, params, stop_list(req.stop), False, bool(req.logprobs), _include_usage(req),
+               req.prompt_logprobs is not None)

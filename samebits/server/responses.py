@@ -48,6 +48,28 @@ def completion_logprobs(tok: Callable[[int], str], ids: list[int], lps: list[flo
     return {"tokens": tokens, "token_logprobs": [lp(v) for v in lps], "top_logprobs": top, "text_offset": offsets}
 
 
+def prompt_completion_logprobs(tok: Callable[[int], str], ids: list[int], plp, k: int) -> dict:
+    """echo's prompt part in the legacy shape, `plp` the engine's PromptLogprobs with k alternatives per token:
+    nothing predicts the first token, so its logprob and alternatives are null, as in OpenAI's and vLLM's."""
+    lps, top = [None], [None]
+    for i, t in enumerate(ids[1:], start=1):
+        step = plp[i]
+        lps.append(lp(step[t].logprob))
+        top.append({tok(u): lp(r.logprob) for u, r in step.items() if r.rank <= k})  # the token only if among them
+    return {**completion_logprobs(tok, ids, [], None, 0), "token_logprobs": lps, "top_logprobs": top}
+
+
+def joined_logprobs(prompt: dict, completion: dict) -> dict:
+    """echo with logprobs: the prompt's lists, then the completion's."""
+    return {key: prompt[key] + (completion[key] or []) for key in prompt}
+
+
+def vllm_prompt_logprobs(tok: Callable[[int], str], plp) -> list:
+    """vLLM's JSON of prompt_logprobs: null, then per prompt token {token_id: {logprob, rank, decoded_token}}."""
+    return [None] + [{str(t): {"logprob": lp(r.logprob), "rank": r.rank, "decoded_token": tok(t)}
+                      for t, r in step.items()} for step in plp[1:]]
+
+
 def chat_logprobs(tok: Callable[[int], str], ids: list[int], lps: list[float], tops: list[dict] | None) -> dict:
     content = []
     for i, (t, v) in enumerate(zip(ids, lps)):
@@ -143,15 +165,34 @@ def _prompt_text(state: ServerState, sub: Sub) -> str:
     return sub.text if sub.text is not None else state.tokenizer.decode(sub.ids, skip_special_tokens=False)
 
 
+def _echo_logprobs(state: ServerState, job: Job, sub: Sub, out) -> dict | None:
+    """The prompt part of echo's logprobs (None without logprobs)."""
+    if not (job.echo and job.logprobs):
+        return None
+    if out.prompt_logprobs is None:
+        raise RuntimeError(f"{out.request_id}: an output without the prompt logprobs it asked for")
+    return prompt_completion_logprobs(state.token_text, sub.ids, out.prompt_logprobs, job.params.prompt_logprobs)
+
+
+def _answer(job: Job, c) -> tuple[list[int], str]:
+    """A choice's tokens and text; none with echo and max_tokens=0 (the token drawn to get there is dropped)."""
+    return ([], "") if job.echo_only else (list(c.token_ids), c.text)
+
+
 def text_body(state: ServerState, job: Job, outs: list) -> dict:
     choices = []
     for i, out in enumerate(outs):
         prefix = _prompt_text(state, job.subs[i]) if job.echo else ""
+        echoed = _echo_logprobs(state, job, job.subs[i], out)
         for c in out.outputs:
-            choices.append({"index": _choice_index(job, i, c), "text": prefix + c.text,
-                            "logprobs": _text_logprobs(state, c, c.token_ids, 0, len(prefix)) if job.logprobs
-                            else None, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-                            "token_ids": list(c.token_ids)})
+            ids, text = _answer(job, c)
+            lps = _text_logprobs(state, c, ids, 0, len(prefix)) if job.logprobs else None
+            choice = {"index": _choice_index(job, i, c), "text": prefix + text,
+                      "logprobs": joined_logprobs(echoed, lps) if echoed else lps, "finish_reason": c.finish_reason,
+                      "stop_reason": c.stop_reason, "token_ids": ids}
+            if job.prompt_logprobs:  # vLLM's place: the choice
+                choice["prompt_logprobs"] = vllm_prompt_logprobs(state.token_text, out.prompt_logprobs)
+            choices.append(choice)
     choices.sort(key=lambda ch: ch["index"])
     return {**job.meta.head("text_completion"), "choices": choices, "usage": _usage(outs)}
 
@@ -161,7 +202,10 @@ def chat_body(state: ServerState, job: Job, outs: list) -> dict:
                 "logprobs": _chat_logprobs(state, c, c.token_ids, 0) if job.logprobs else None,
                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "token_ids": list(c.token_ids)}
                for c in outs[0].outputs]
-    return {**job.meta.head("chat.completion"), "choices": choices, "usage": _usage(outs)}
+    body = {**job.meta.head("chat.completion"), "choices": choices, "usage": _usage(outs)}
+    if job.prompt_logprobs:  # vLLM's place: the response, beside the choices
+        body["prompt_logprobs"] = vllm_prompt_logprobs(state.token_text, outs[0].prompt_logprobs)
+    return body
 
 
 class StreamWriter:
@@ -172,6 +216,9 @@ class StreamWriter:
         self.job = job
         self.cursors: dict[int, ChoiceCursor] = {}
         self.last: dict[int, object] = {}
+        # echo with logprobs waits for each prompt's first output, which brings its prompt logprobs.
+        self.echo_waits = job.kind == "text" and job.echo and job.logprobs
+        self.prefix_len: dict[int, int] = {}
 
     async def events(self, first, outputs):
         try:
@@ -202,26 +249,36 @@ class StreamWriter:
         if job.kind == "chat":
             return self._chunks([{"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                   "finish_reason": None} for j in range(n)])
-        if not job.echo:
+        if not job.echo or self.echo_waits:
             return []
-        return self._chunks([{"index": i * n + j, "text": _prompt_text(self.state, sub), "logprobs": None,
-                              "finish_reason": None, "token_ids": []} for i, sub in enumerate(job.subs)
-                             for j in range(n)])
+        return [chunk for i in range(len(job.subs)) for chunk in self._echo(i, None)]
+
+    def _echo(self, i: int, out) -> list[dict]:
+        """The echoed prompt of sub i, one chunk per choice; with its logprobs when `out` brings them."""
+        sub, n = self.job.subs[i], self.job.params.n
+        text = _prompt_text(self.state, sub)
+        self.prefix_len[i] = len(text)
+        lps = None if out is None else _echo_logprobs(self.state, self.job, sub, out)
+        return self._chunks([{"index": i * n + j, "text": text, "logprobs": lps, "finish_reason": None,
+                              "token_ids": []} for j in range(n)])
 
     def _feed(self, i: int, out) -> list[dict]:
         self.last[i] = out
+        chunks = self._echo(i, out) if self.echo_waits and i not in self.prefix_len else []
         choices = []
         for c in out.outputs:
             index = _choice_index(self.job, i, c)
             cursor = self.cursors.setdefault(index, ChoiceCursor())
-            offset = len(cursor.text)
+            offset = self.prefix_len.get(i, 0) + len(cursor.text)
             step = cursor.advance(c, self.job.stops)
             if step is not None:
                 choices.append(self._choice(index, c, *step, offset))
-        return self._chunks(choices)
+        return chunks + self._chunks(choices)
 
     def _choice(self, index: int, c, ids: list[int], start: int, text: str, offset: int) -> dict:
         finish = c.finish_reason if c.finish_reason is not None and start + len(ids) == len(c.token_ids) else None
+        if self.job.echo_only:  # the one token drawn to get the prompt scored is not part of the answer
+            ids, text = [], ""
         if self.job.kind == "chat":
             lps = _chat_logprobs(self.state, c, ids, start) if self.job.logprobs else None
             return {"index": index, "delta": {"content": text}, "logprobs": lps, "finish_reason": finish,

@@ -96,8 +96,10 @@ def test_fast_mode_is_reported_variant(servers, tmp_path, seed):
 def test_deterministic_mode_is_clean(servers, tmp_path, seed):
     code, report = checked(servers["deterministic"], tmp_path, seed)
     got = {e["name"]: e["status"] for e in report["experiments"]}
-    # samebits refuses echo with logprobs and has no prompt_logprobs: prefill is skipped, and says why.
-    assert got == {"needle": "clean", "sampled": "clean", "prefix": "clean", "prefill": "skipped", "repeat": "clean"}
+    # Prefill vs decode runs through echo with logprobs: every generated token's logprob as a prompt token's.
+    assert got == {"needle": "clean", "sampled": "clean", "prefix": "clean", "prefill": "clean", "repeat": "clean"}
+    prefill = next(e for e in report["experiments"] if e["name"] == "prefill")
+    assert prefill["method"] == "echo+logprobs" and prefill["groups"], prefill
     assert code == 0 and report["verdict"] == "clean"
     assert all(g["diverged"] == 0 and g["unique_outputs"] == 1 for e in report["experiments"] for g in e["groups"])
     assert report["references"][0]["sample"]["identity"] == "token_ids"

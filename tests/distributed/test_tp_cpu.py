@@ -83,6 +83,21 @@ def test_invariant_score_equals_generate_logprobs(invariant, seed):
     assert [bits(s) for s in scores] == [bits(o.outputs[0].token_logprobs) for o in outs]
 
 
+def test_prompt_logprobs_at_tp_2_equal_score_and_tp_1(invariant, det2, seed):
+    """The prompt rows ride in the sampled rows' gather (distributed/runner.py): at TP=2 they equal the engine's
+    own teacher-forced scores, and with the invariant mode TP=1's bits."""
+    ps = prompts(3, seed, lo=20, hi=40)
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, prompt_logprobs=2)
+
+    def prompt_bits(llm):
+        outs = llm.generate(ps, params, use_tqdm=False)
+        return [bits([step[t].logprob for step, t in zip(o.prompt_logprobs[1:], p[1:])]) for o, p in zip(outs, ps)]
+
+    for llm in (det2, invariant[2]):
+        assert prompt_bits(llm) == [bits(s) for s in llm.score([p[:1] for p in ps], [p[1:] for p in ps])]
+    assert prompt_bits(invariant[2]) == prompt_bits(invariant[1])
+
+
 def test_negative_control_summed_all_reduce_tp2_differs_from_tp1(ckpt, det2, invariant, seed):
     """At two ranks the rank-order sum is the plain summed all-reduce (p0 + p1 = p1 + p0 exactly); the K split alone
     moves bits, which the invariant mode's fixed chunking removes."""

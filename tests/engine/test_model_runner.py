@@ -62,7 +62,8 @@ def sync_is_an_error():
 @pytest.mark.parametrize("mode", ["deterministic", "fast"])
 def test_a_step_launches_without_a_host_sync_on_cuda(tmp_path, mode):
     """execute() only enqueues: every host input goes up through pinned memory, so the host never waits for the GPU
-    while it builds a step (prefill, graph decode, every sampling stage); only SampledStep.to_host reads back."""
+    while it builds a step (prefill, prompt-logprob rows, graph decode, every sampling stage); only SampledStep's
+    read-backs (to_host, prompt_to_host) wait."""
     from samebits.engine.llm import LLM
     from samebits.engine.sampling_params import SamplingParams
     from samebits.models.testing import write_tiny_checkpoint
@@ -74,7 +75,7 @@ def test_a_step_launches_without_a_host_sync_on_cuda(tmp_path, mode):
     params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2),
               SamplingParams(temperature=0.8, seed=1, top_k=5, max_tokens=12, ignore_eos=True),
               SamplingParams(temperature=1.1, seed=2, top_p=0.7, max_tokens=12, ignore_eos=True),
-              SamplingParams(temperature=0.9, seed=3, min_p=0.1, max_tokens=12, ignore_eos=True)] * 2
+              SamplingParams(temperature=0.9, seed=3, min_p=0.1, max_tokens=12, ignore_eos=True, prompt_logprobs=2)] * 2
     first = llm.generate(prompts, params[:6], use_tqdm=False)  # warm-up: graph capture and kernel compiles may sync
     execute = llm.engine.runner.execute
 

@@ -11,12 +11,13 @@ from tests.server.test_bad_inputs import CHAT, CMPL, c, ch, check_error
 
 PATH = {"completions": CMPL, "chat": CHAT}
 # Values a client would really send; the rest of the table gets a value that is neutral for none of them.
-REAL = {"prompt_logprobs": 1, "response_format": {"type": "json_object"}, "bad_words": ["x"],
+REAL = {"response_format": {"type": "json_object"}, "bad_words": ["x"],
         "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "required",
         "suffix": "tail", "best_of": 2, "echo": True, "use_beam_search": True, "guided_choice": ["a", "b"]}
 REFUSED_CASES = [(e, name, REAL.get(name, 7)) for e in REFUSED for name in sorted(REFUSED[e])]
-ISSUE_REFUSED = ("tools", "tool_choice", "response_format", "prompt_logprobs")
+ISSUE_REFUSED = ("tools", "tool_choice", "response_format")
 ISSUE_IMPLEMENTED = ("repetition_penalty", "min_tokens", "presence_penalty", "frequency_penalty", "logit_bias",
+                     "prompt_logprobs",
                      "include_stop_str_in_output", "skip_special_tokens", "add_generation_prompt",
                      "continue_final_message", "chat_template_kwargs")
 

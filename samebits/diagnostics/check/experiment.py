@@ -70,7 +70,7 @@ class Session:
         self.rng = random.Random(cfg.seed)
         self.references: dict[str, tuple[Request, Sample]] = {}
 
-    def request(self, prompt: str, *, temperature: float = 0.0, seed: int | None = None,
+    def request(self, prompt: str | list[int], *, temperature: float = 0.0, seed: int | None = None,
                 max_tokens: int | None = None, **extra) -> Request:
         common = {"model": self.model, "max_tokens": max_tokens or self.cfg.max_tokens, "temperature": temperature,
                   **({} if seed is None else {"seed": seed}), **extra}

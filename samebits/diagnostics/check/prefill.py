@@ -3,7 +3,10 @@
 Decoding computes one row per step against a KV cache; scoring computes the whole sequence in one prefill. An
 engine whose attention or GEMMs reduce differently in the two gives different bits for the same (context, token).
 Prompt scoring uses `echo` + `logprobs` when the endpoint offers it, else vLLM's `prompt_logprobs`; with neither
-the experiment says so and is skipped.
+the experiment says so and is skipped. When the endpoint names its tokens (`token_ids`: samebits, vLLM with
+`return_token_ids`), the generated ids are continued and then scored as a token-id prompt, so the scored context is
+the decoded one exactly; otherwise the prompt text plus the generated text is scored, which a model's odd output may
+tokenise differently (then that prompt is not compared, and the report says so).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ ECHO, PROMPT_LOGPROBS = "echo+logprobs", "prompt_logprobs"
 
 
 def planned(cfg: CheckConfig) -> int:
-    return 2 + 2 * PROMPTS
+    return 2 + 3 * PROMPTS  # at most: the token-id route generates twice per prompt
 
 
 def _echoed(reply: Reply) -> list[tuple[str, float | None]] | None:
@@ -64,23 +67,33 @@ async def _method(session: Session, prompt: str) -> tuple[str | None, str]:
     return None, "; ".join(why)
 
 
+async def _generate(session: Session, prompt: str | list[int]) -> tuple[Sample, dict]:
+    req = session.request(prompt)
+    reply = await session.client.post(req.path, req.body)
+    return session.parse(req, reply), reply.body["choices"][0]  # parse: the HTTP and logprob checks of every other
+
+
 async def _one(session: Session, trace: Trace, method: str, label: str, prompt: str) -> None:
-    gen_req = session.request(prompt)
-    reply = await session.client.post(gen_req.path, gen_req.body)
-    session.parse(gen_req, reply)  # the HTTP and logprob checks of every other request
-    choice = reply.body["choices"][0]
-    decoded = Sample(tuple(choice["logprobs"]["tokens"]), tuple(choice["logprobs"]["token_logprobs"]),
-                     "token_strings")
+    decoded, choice = await _generate(session, prompt)
+    if decoded.identity == "token_ids" and decoded.tokens:  # continue the generated ids: a context known exactly
+        context = list(decoded.tokens)
+        decoded, _ = await _generate(session, context)
+        scored_prompt, identity = context + list(decoded.tokens), "token_ids"
+    else:
+        decoded = Sample(tuple(choice["logprobs"]["tokens"]), tuple(choice["logprobs"]["token_logprobs"]),
+                         "token_strings")
+        scored_prompt, identity = prompt + choice["text"], "token_strings"
     if not decoded.tokens:
         trace.notes.append(f"{label}: nothing generated")
         return
     parse, extra = PARSERS[method]
-    score = session.request(prompt + choice["text"], max_tokens=1, **extra)
+    score = session.request(scored_prompt, max_tokens=1, **extra)
     scored = (parse(await session.client.post(score.path, score.body)) or [])[-len(decoded.tokens):]
-    if tuple(t for t, _ in scored) != decoded.tokens:
+    if len(scored) != len(decoded.tokens) or (
+            identity == "token_strings" and tuple(t for t, _ in scored) != decoded.tokens):
         trace.notes.append(f"{label}: the generated text tokenises differently as a prompt; not compared")
         return
-    as_prompt = Sample(decoded.tokens, tuple(v for _, v in scored), "token_strings")
+    as_prompt = Sample(decoded.tokens, tuple(v for _, v in scored), identity)
     trace.groups.append(summarize(label, decoded, [as_prompt], session.cfg.tolerance))
 
 

@@ -14,6 +14,8 @@ class ScheduledSeq:
     sample: bool
     # seq.num_computed_tokens at schedule time: new token i sits at position start + i.
     start: int
+    # Positions whose rows' logits give prompt logprobs (Sequence.prompt_rows), within [start, context_len).
+    prompt_rows: range = range(0)
 
     @property
     def token_ids(self) -> list[int]:

@@ -87,8 +87,9 @@ class BlockManager:
         return hashes
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
-        """Block ids of the longest cached prefix of seq, always leaving >= 1 token to compute so logits exist."""
-        if not self.enable_prefix_caching:
+        """Block ids of the longest cached prefix of seq, always leaving >= 1 token to compute so logits exist. None
+        while seq still wants prompt-logprob rows, as in vLLM: a hit would skip them (its blocks are still cached)."""
+        if not self.enable_prefix_caching or seq.wants_prompt_rows:
             return []
         num_full = (seq.num_tokens - 1) // self.block_size
         hashes, hits = self.block_hashes(seq, num_full), []

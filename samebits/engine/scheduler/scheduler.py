@@ -213,7 +213,8 @@ class Scheduler:
     @staticmethod
     def _item(seq: Sequence, n: int) -> ScheduledSeq:
         start = seq.num_computed_tokens
-        item = ScheduledSeq(seq, n, start + n == seq.num_tokens, start)
+        rows = seq.prompt_rows.take(start, start + n) if seq.prompt_rows is not None else range(0)
+        item = ScheduledSeq(seq, n, start + n == seq.num_tokens, start, rows)
         seq.num_computed_tokens += n
         if item.sample:
             seq.reserve_token()
