@@ -29,15 +29,16 @@ class DeltaEncoder:
     def _encode(self, out: RequestOutput) -> tuple:
         sent = self._sent.get(out.request_id)
         head = None
-        if sent is None:  # its first output: what never changes, once
-            head, sent = (out.prompt, out.prompt_token_ids, out.seed), [(0, "")] * len(out.outputs)
+        if sent is None:  # its first output: what never changes, once (prompt logprobs are complete by then)
+            head = (out.prompt, out.prompt_token_ids, out.seed, out.prompt_logprobs)
+            sent = [(0, "")] * len(out.outputs)
         samples = [_sample_delta(c, n, text) for c, (n, text) in zip(out.outputs, sent)]
         if out.finished:
             self._sent.pop(out.request_id, None)
         else:
             self._sent[out.request_id] = [(len(c.token_ids), c.text) for c in out.outputs]
-        return (out.request_id, head, out.fingerprint, out.num_cached_tokens, out.finished, out.prompt_logprobs,
-                out.first_scheduled_time, samples)
+        return (out.request_id, head, out.fingerprint, out.num_cached_tokens, out.finished, out.first_scheduled_time,
+                samples)
 
 
 def _sample_delta(c: CompletionOutput, n: int, text: str) -> tuple:
@@ -60,6 +61,7 @@ class _Request:
     prompt: str | None
     prompt_token_ids: list[int]
     seed: int | None
+    prompt_logprobs: list | None
     samples: list[_Sample]
 
 
@@ -76,7 +78,7 @@ class DeltaDecoder:
         self._requests.pop(request_id, None)
 
     def _decode(self, delta: tuple) -> RequestOutput:
-        request_id, head, fingerprint, cached, finished, prompt_logprobs, first_scheduled, samples = delta
+        request_id, head, fingerprint, cached, finished, first_scheduled, samples = delta
         req = self._requests.get(request_id)
         if req is None:
             req = self._requests[request_id] = _Request(*head, [_Sample() for _ in samples])
@@ -84,7 +86,7 @@ class DeltaDecoder:
         if finished:
             self._requests.pop(request_id)
         return RequestOutput(request_id, req.prompt, req.prompt_token_ids, outputs, cached, req.seed, fingerprint,
-                             finished, prompt_logprobs, first_scheduled)
+                             finished, req.prompt_logprobs, first_scheduled)
 
 
 def _apply(sample: _Sample, delta: tuple) -> CompletionOutput:

@@ -115,6 +115,9 @@ class ChoiceCursor:
     tokens: int = 0
     text: str = ""
     done: bool = False
+    # The sent tokens' own text lengths summed: where the next token's text_offset starts, counted as the body counts
+    # it (completion_logprobs), not from `text`, which holds back a split character or a stop string's beginning.
+    chars: int = 0
 
     def advance(self, out, stops: list[str]) -> tuple[list[int], int, str] | None:
         """New (token_ids, first index, text) since the last call, or None when nothing new is sendable."""
@@ -269,10 +272,11 @@ class StreamWriter:
         for c in out.outputs:
             index = _choice_index(self.job, i, c)
             cursor = self.cursors.setdefault(index, ChoiceCursor())
-            offset = self.prefix_len.get(i, 0) + len(cursor.text)
+            offset = self.prefix_len.get(i, 0) + cursor.chars
             step = cursor.advance(c, self.job.stops)
             if step is not None:
                 choices.append(self._choice(index, c, *step, offset))
+                cursor.chars += sum(len(self.state.token_text(t)) for t in step[0])
         return chunks + self._chunks(choices)
 
     def _choice(self, index: int, c, ids: list[int], start: int, text: str, offset: int) -> dict:

@@ -8,7 +8,7 @@ import random
 import torch
 
 from samebits.engine.output_deltas import DeltaDecoder, DeltaEncoder
-from samebits.engine.outputs import CompletionOutput, RequestOutput
+from samebits.engine.outputs import CompletionOutput, Logprob, RequestOutput
 
 SEED = 0
 
@@ -20,8 +20,10 @@ def _sample(index: int, ids: list[int], lps: list[float] | None, text: str, reas
 
 
 def _steps(rng: random.Random) -> list[list[RequestOutput]]:
-    """Three requests over four steps: n=2 with logprobs, one without, one whose text a stop string cuts back."""
+    """Three requests over four steps: n=2 with logprobs and prompt logprobs (complete from its first output, sent
+    once), one without, one whose text a stop string cuts back."""
     ids = [rng.randrange(1000) for _ in range(8)]
+    prompt_lps = [None, {2: Logprob(-1.5, 3, "b")}, {3: Logprob(-0.25, 1, "c"), 7: Logprob(-2.0, 2, "g")}]
     lps = [float(torch.tensor(-rng.random() * 9, dtype=torch.float32)) for _ in range(8)]
     texts = ["ab", "abcd", "abcdef", "abcdefgh"]
     steps = []
@@ -31,7 +33,7 @@ def _steps(rng: random.Random) -> list[list[RequestOutput]]:
         a = RequestOutput("a", "hi", [1, 2, 3], [_sample(0, ids[:n], lps[:n], texts[k]),
                                                   _sample(1, ids[:k + 1], lps[:k + 1], texts[k][:k + 1])],
                           num_cached_tokens=16, seed=5, fingerprint="fp", finished=done,
-                          first_scheduled_time=100.0 + 1e-9)
+                          prompt_logprobs=prompt_lps, first_scheduled_time=100.0 + 1e-9)
         b = RequestOutput("b", None, [4, 5], [_sample(0, ids[:k + 1], None, "x" * (k + 1))], seed=6,
                           fingerprint="fp", first_scheduled_time=101.0)
         cut = "abcXY" if k < 2 else "abc"  # "XY" held text until the stop string "XYZ" showed: cut back

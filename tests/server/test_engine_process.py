@@ -111,6 +111,9 @@ REQUESTS = [
                               "logprobs": True, "top_logprobs": 3}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "yo"}], "max_tokens": 9, "temperature": 0.7,
                               "stream": True, "stop": "o"}),
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "echo": True, "logprobs": 1, "seed": 4}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "seed": 2,
+                              "prompt_logprobs": 2}),
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": 300}),  # refused the same way: 400 naming max_tokens
 ]
 
