@@ -9,6 +9,7 @@ from samebits.engine.model_runner import ModelRunner
 from samebits.engine.sampling_params import SamplingParams
 from samebits.models import load_model
 from samebits.models.testing import write_tiny_checkpoint
+from tests.engine.drive import drive
 
 
 @pytest.fixture(scope="module")
@@ -44,19 +45,17 @@ def workload(seed: int) -> list[tuple[list[int], SamplingParams]]:
 
 
 def run(eng: LLMEngine, reqs) -> dict:
-    for i, (prompt, params) in enumerate(reqs):
-        eng.add_request(f"r{i}", prompt, params)
-    final, ahead = {}, 0
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                final[out.request_id] = out
-        ahead = max(ahead, len(eng.scheduler._pending))
-        eng.scheduler.check_integrity()
+    ahead = [0]
+
+    def after_step(e) -> None:
+        ahead[0] = max(ahead[0], len(e.scheduler._pending))
+        e.scheduler.check_integrity()
+
+    final = drive(eng, reqs, on_step=after_step)
     assert eng._inflight is None and not eng.scheduler._pending, "an idle engine holds no step in flight"
     assert eng.scheduler.bm.num_free_blocks == eng.scheduler.bm.num_blocks
     return {rid: [(c.token_ids, bits(c.token_logprobs), c.top_logprobs, c.text, c.finish_reason, c.stop_reason)
-                  for c in out.outputs] for rid, out in final.items()}, ahead
+                  for c in out.outputs] for rid, out in final.items()}, ahead[0]
 
 
 def bits(logprobs):
@@ -94,14 +93,8 @@ def test_negative_control_a_stale_input_token_is_caught(loaded, seed, monkeypatc
 
 def run_tolerant(eng, reqs):
     """run() for the broken runner: its overwritten slots are resolved later, so only the outputs are compared."""
-    for i, (prompt, params) in enumerate(reqs):
-        eng.add_request(f"r{i}", prompt, params)
-    final = {}
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                final[out.request_id] = [(c.token_ids, bits(c.token_logprobs)) for c in out.outputs]
-    return final, None
+    final = drive(eng, reqs)
+    return {rid: [(c.token_ids, bits(c.token_logprobs)) for c in out.outputs] for rid, out in final.items()}, None
 
 
 def test_abort_while_a_step_is_ahead_frees_everything(loaded):

@@ -10,6 +10,7 @@ from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams
 from samebits.models import load_model
 from samebits.models.testing import write_tiny_checkpoint
+from tests.engine.drive import drive
 
 # Wide enough that the fast mode's vendor matmuls block a 1-row decode differently from a prefill (the control).
 SHAPE = {"hidden_size": 256, "intermediate_size": 512, "vocab_size": 1024, "num_attention_heads": 4,
@@ -41,16 +42,10 @@ def tokens(rng: random.Random, n: int) -> list[int]:
 
 
 def run(eng: LLMEngine, reqs: list[tuple[list[int], SamplingParams]]) -> dict:
-    for i, (prompt, params) in enumerate(reqs):
-        eng.add_request(f"r{i}", prompt, params)
-    final = {}
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                final[out.request_id] = out
-            elif out.prompt_logprobs is None:  # every output of an asking request carries them already
-                assert reqs[int(out.request_id[1:])][1].prompt_logprobs is None
-        eng.scheduler.check_integrity()
+    def check(out) -> None:  # every output of an asking request carries them already
+        assert out.prompt_logprobs is not None or reqs[int(out.request_id[1:])][1].prompt_logprobs is None
+
+    final = drive(eng, reqs, on_output=check, on_step=lambda e: e.scheduler.check_integrity())
     assert eng.scheduler.bm.num_free_blocks == eng.scheduler.bm.num_blocks
     return final
 
