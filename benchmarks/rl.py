@@ -200,6 +200,41 @@ def main() -> None:
         report["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     (args.out / "rl.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
+    print_table(report)
+    plot(report, args.out / "rl.png")
+
+
+def print_table(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"trainer vs rollout, {report['shape']} shape, {report['tokens_compared']} tokens")
+    for c in ("trainer", "tokens differing", "µs/token fwd+bwd"):
+        t.add_column(c)
+    micro = ", ".join(str(report[f"raw_mismatched_tokens_micro{m}"]) for m in (1, 7, 32))
+    rows = (("samebits, micro 1/7/32", micro, "samebits"), ("stock kernels", str(report["stock_kernels_mismatched_tokens"]),
+                                                             "stock_kernels"), ("transformers", "-", "hf"))
+    for name, bad, key in rows:
+        us = report.get(f"{key}_us_per_token")
+        t.add_row(name, bad, "-" if us is None else f"{us:.1f}")
+    Console().print(t)
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [k for k in ("samebits", "stock_kernels", "hf") if f"{k}_us_per_token" in report]
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.barh(names, [report[f"{k}_us_per_token"] for k in names])
+    ax.set_xlabel("trainer forward + backward, µs per token")
+    ax.set_title(f"{report['shape']}: samebits {report['raw_mismatched_tokens_micro1']} tokens differ, stock "
+                 f"{report['stock_kernels_mismatched_tokens']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -378,7 +378,50 @@ def main(argv=None) -> int:
                 continue
             print(f"  {name}: {st['steps']} steps, {st['mean_step_ms']:.2f} ms each, {st['mean_running']:.0f} running, "
                   f"{st['in_step_s']:.1f} s in steps, {st['between_steps_s']:.1f} s between")
+    rows = table_rows(report)
+    print_table(rows)
+    plot(rows, path.with_suffix(".png"))
     return 0 if report["all_checked_equal"] else 1
+
+
+def table_rows(report: dict) -> list[tuple[str, float, float, dict | None]]:
+    """(run, output tok/s, wall s, its engine-step log) for the offline engine, if run, and the server."""
+    rows = []
+    if "offline" in report:
+        o = report["offline"]
+        rows.append(("offline engine", o["output_tokens_per_s"], o["wall_s"], o["engine_steps"]))
+    backend = "engine process" if report["args"].get("engine_process") else "engine thread"
+    rows.append((f"server ({backend})", report["output_tokens_per_s"], report["wall_s"], report["engine_steps"]))
+    return rows
+
+
+def print_table(rows) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="server vs offline engine, same requests")
+    for c in ("run", "tok/s", "wall s", "steps", "ms/step", "running"):
+        t.add_column(c)
+    for name, tps, wall, st in rows:
+        steps = ("-", "-", "-") if st is None else (str(st["steps"]), f"{st['mean_step_ms']:.1f}",
+                                                     f"{st['mean_running']:.0f}")
+        t.add_row(name, f"{tps:.0f}", f"{wall:.1f}", *steps)
+    Console().print(t)
+
+
+def plot(rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.barh([r[0] for r in rows], [r[1] for r in rows])
+    ax.set_xlabel("output tokens / s")
+    ax.set_title("same requests: offline engine vs HTTP server")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -25,3 +25,5 @@ def test_server_benchmark_smoke(tmp_path, tiny_model_dir):
     report = json.loads((tmp_path / "server_bench.json").read_text())
     assert report["solo"]["checked"] == 6 and report["solo"]["mismatched"] == [] and report["failed"] == []
     assert report["output_tokens"] > 0 and report["fingerprint"]["hash"]
+    assert report["offline"]["equal_to_server"] == 6, "the server answers as the offline engine does"
+    assert (tmp_path / "server_bench.png").stat().st_size > 0
