@@ -209,27 +209,10 @@ def _collective_rank(rank: int, world: int, port: int, device: str, messages, re
 
 def collectives(args, world: int, hidden: int) -> dict:
     """Microseconds per row-parallel reduction of [T, H] float32, ordered route vs the library's all-reduce."""
-    import socket
-
-    import torch.multiprocessing as mp
+    from samebits.distributed.group import run_ranks
 
     messages = [(t, hidden) for t in (1, 8, 64, 512, 2048)]
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with socket.socket() as probe:  # a free port for rank 0's store
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    procs = [ctx.Process(target=_collective_rank, args=(r, world, port, args.device, messages, 20, results))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        return results.get(timeout=600)
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
+    return run_ranks(_collective_rank, world, (args.device, messages, 20), timeout_s=600)
 
 
 def random_loaded(args) -> LoadedModel:

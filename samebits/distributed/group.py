@@ -29,6 +29,30 @@ def join_store(port: int, world: int, timeout_s: float) -> dist.TCPStore:
     return dist.TCPStore(HOST, port, world, False, timeout=datetime.timedelta(seconds=timeout_s))
 
 
+def run_ranks(target, world: int, args: tuple, timeout_s: float, join_s: float = 60.0):
+    """`target(rank, world, port, *args, results)` in one spawned process per rank, rank 0 hosting the store on
+    `port`; returns the first object a rank puts on `results`. Every rank is joined, or killed, before it returns."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:  # a free port for rank 0's store
+        probe.bind((HOST, 0))
+        port = probe.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, results), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        return results.get(timeout=timeout_s)
+    finally:
+        for p in procs:
+            p.join(join_s)
+            if p.is_alive():
+                p.kill()
+
+
 @dataclass
 class Group:
     """rank of world ranks; `pg` is None at world 1 (the TP-invariant path of one rank needs no peers)."""

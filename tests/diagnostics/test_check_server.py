@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from samebits.diagnostics.check import run
+from tests.subprocess_server import free_port, wait_healthy
 
 pytest.importorskip("fastapi")  # the server stack is an extra; without it there is no server to check
 pytest.importorskip("uvicorn")
@@ -30,29 +28,6 @@ REPO = Path(__file__).resolve().parents[2]
 STARTUP_S = 120
 SHAPES = {"concurrency": (1, 4, 8), "trials": 2, "max_tokens": 8, "needle_words": 8, "filler_words": (2, 12),
           "prefix_words": 24, "quiet": True}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(proc: subprocess.Popen, url: str) -> None:
-    """Poll /health until it answers 200; between polls wait on the process itself, so a crash ends the wait."""
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        try:
-            proc.wait(timeout=0.2)
-        except subprocess.TimeoutExpired:
-            continue
-        raise AssertionError(f"server exited with {proc.returncode}: {proc.stdout.read().decode()[-2000:]}")
-    raise AssertionError(f"server not healthy within {STARTUP_S}s")
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +45,7 @@ def servers(tmp_path_factory):
                                           env={**os.environ, "PYTHONPATH": str(REPO)}))
             urls[mode] = f"http://127.0.0.1:{port}"
         for proc, url in zip(procs, urls.values()):
-            wait_healthy(proc, url)
+            wait_healthy(proc, url, STARTUP_S)
         yield urls
     finally:
         for proc in procs:

@@ -1,11 +1,9 @@
 """The ordered route against the number of tokens in the step, at 4 ranks (at 2, any order is one: a+b = b+a):
 gloo's own all-reduce cuts the message into chunks by its size, so an element's order follows how many rows share
 it (the negative control); all-gather + the fixed tree does not."""
-import socket
-
 import pytest
-import torch.multiprocessing as mp
 
+from samebits.distributed.group import run_ranks
 from tests.distributed.helpers import reduction_rank
 
 pytestmark = pytest.mark.timeout(120)
@@ -14,21 +12,7 @@ SEED = 20261201  # fixed: the partials are rank r's N(0,1) from SEED + r, scaled
 
 @pytest.fixture(scope="module")
 def differing():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=reduction_rank, args=(r, 4, port, SEED, results), daemon=True) for r in range(4)]
-    for p in procs:
-        p.start()
-    try:
-        yield results.get(timeout=90)
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+    return run_ranks(reduction_rank, 4, (SEED,), timeout_s=90, join_s=10)
 
 
 def test_ordered_route_bits_do_not_follow_the_token_count(differing):

@@ -14,7 +14,7 @@ from samebits.distributed import runner as tp_runner
 from samebits.distributed.runner import TPError
 from samebits.engine.sampling_params import SamplingParams
 from tests.distributed.helpers import checkpoint, make
-from tests.server.test_serve_command import free_port
+from tests.subprocess_server import free_port, wait_healthy
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,14 +118,3 @@ def test_killed_rank_0_leaves_no_worker(ckpt):
             child.kill()
 
 
-def wait_healthy(proc, url: str, limit: float = 90.0) -> None:
-    deadline = time.monotonic() + limit
-    while True:
-        assert proc.poll() is None, "the server exited"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "the server did not come up"
-        time.sleep(0.2)

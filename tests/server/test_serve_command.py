@@ -5,15 +5,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.subprocess_server import free_port, wait_healthy
 
 
 def test_serve_command_end_to_end(tiny_model_dir):
@@ -23,16 +18,8 @@ def test_serve_command_end_to_end(tiny_model_dir):
            "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
     try:
-        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(proc, url)
         r = httpx.post(f"{url}/v1/completions", headers={"Authorization": "Bearer sk-test"}, timeout=60,
                        json={"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0})
         assert r.status_code == 200 and r.headers["x-samebits-mode"] == "deterministic"
