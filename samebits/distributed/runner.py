@@ -23,7 +23,7 @@ from samebits.distributed.group import Group, open_store
 from samebits.distributed.rank import Rank, RankSpec, StepInputs
 from samebits.engine.model_runner import SampledStep, choose_num_blocks, flatten, sampling_batch
 from samebits.engine.prompt_logprobs import PromptRowsPlan, score_prompt_rows
-from samebits.engine.sampler import Sampler
+from samebits.engine.sampler import Sampler, teacher_forced
 
 TIMEOUT_S = 300.0  # a collective may take this long at most
 START_S = 600.0  # a worker's start (imports, its shard, the proofs) and joining the group
@@ -169,9 +169,7 @@ class TPRunner:
     @torch.inference_mode()
     def score_rows(self, item, skip: int, targets: list[int]) -> list[float]:
         _, logits = self._run(self._inputs([item], (), range(skip, skip + len(targets))))
-        logprobs = self.sampler.ops.log_softmax(logits, dim=-1)
-        picked = logprobs.gather(1, torch.tensor(targets, device=logits.device)[:, None])[:, 0]
-        return [float(x) for x in picked.cpu()]
+        return teacher_forced(logits, targets, self.sampler.ops)
 
 
 def _pending(conn) -> list:

@@ -10,7 +10,7 @@ from samebits.arith import cdiv
 from samebits.engine.config import EngineConfig
 from samebits.engine.outputs import PromptStepResult, StepResult
 from samebits.engine.prompt_logprobs import PromptRowsPlan, PromptScores, score_prompt_rows
-from samebits.engine.sampler import Sampler, SamplerOutput, SamplingBatch
+from samebits.engine.sampler import Sampler, SamplerOutput, SamplingBatch, teacher_forced
 from samebits.engine.sequence import PENDING
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.common import to_device
@@ -243,6 +243,4 @@ class ModelRunner:
     def score_rows(self, item, skip: int, targets: list[int]) -> list[float]:
         """Teacher-forced logprobs of targets by rows skip.. of one chunk, through the sampler's own log_softmax."""
         hidden = self.forward([item])[skip:skip + len(targets)]
-        logprobs = self.model.ops.log_softmax(self.model.compute_logits(hidden), dim=-1)
-        picked = logprobs.gather(1, torch.tensor(targets, device=self.device)[:, None])[:, 0]
-        return [float(x) for x in picked.cpu()]
+        return teacher_forced(self.model.compute_logits(hidden), targets, self.model.ops)

@@ -211,6 +211,12 @@ def _race(filtered: torch.Tensor, seeds, sample_indices, positions) -> torch.Ten
     return keys.argmax(dim=-1)
 
 
+def teacher_forced(logits: torch.Tensor, targets: list[int], ops) -> list[float]:
+    """log_softmax(logits)[i, targets[i]] through `ops.log_softmax`, the sampler's own, so the bits decode reports."""
+    logprobs = ops.log_softmax(logits, dim=-1)
+    return logprobs.gather(1, torch.tensor(targets, device=logits.device)[:, None])[:, 0].tolist()
+
+
 def top_k_logprobs(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if k <= 0:
         empty = logprobs.new_empty((logprobs.shape[0], 0))
