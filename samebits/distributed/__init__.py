@@ -19,8 +19,6 @@ def one_rank(config, loaded):
     runner runs eagerly: the same bits as every TP size. The full model is dropped here, not kept beside its shard."""
     if not config.tp_invariant or config.tensor_parallel_size > 1:
         return loaded
-    import copy
-
     import torch
 
     from samebits.distributed import shard as sh
@@ -31,11 +29,7 @@ def one_rank(config, loaded):
     model = ShardedLlama(loaded.config, full.ops, full.dtype, one, Group(0, 1), "ordered")
     with torch.no_grad():
         model.load_state_dict(sh.shard_state(full, one), strict=True)
-    # A copy keeps the loaded weights' digest (the fingerprint names the weights, the same at every TP size, not
-    # their layout); dataclasses.replace would digest the shard again.
-    ran = copy.copy(loaded)
-    object.__setattr__(ran, "model", model.eval())
-    return ran
+    return loaded.laid_out_as(model.eval())
 
 
 def parallel_numerics(config) -> dict:

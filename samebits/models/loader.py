@@ -1,6 +1,7 @@
 """load_model: a built-in name, an HF model folder or a GGUF file -> a model on the kernel registry."""
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -28,6 +29,13 @@ class LoadedModel:
 
     def __post_init__(self):
         object.__setattr__(self, "weights", weights_digest(self.model.named_parameters()))
+
+    def laid_out_as(self, model) -> LoadedModel:
+        """These weights held by `model` in another layout (one rank's shards of them): the digest stays the loaded
+        weights', which do not depend on how a runner lays them out."""
+        other = copy.copy(self)
+        object.__setattr__(other, "model", model)
+        return other
 
     def numerics(self) -> dict:
         """The model's fields of the fingerprint: its weights, their dtype, and the config the weights compute under
