@@ -276,7 +276,8 @@ class StreamWriter:
             step = cursor.advance(c, self.job.stops)
             if step is not None:
                 choices.append(self._choice(index, c, *step, offset))
-                cursor.chars += sum(len(self.state.token_text(t)) for t in step[0])
+                if self.job.logprobs:  # only text_offset reads it
+                    cursor.chars += sum(len(self.state.token_text(t)) for t in step[0])
         return chunks + self._chunks(choices)
 
     def _choice(self, index: int, c, ids: list[int], start: int, text: str, offset: int) -> dict:
