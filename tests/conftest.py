@@ -14,6 +14,19 @@ if not _CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _pin_mkl_as_serve_does() -> None:
+    # MKL fixes its reproducible mode for the process's life at its first computation. `samebits serve` pins the
+    # template's before loading (runtime/template.py); so does the session here, before any test computes. Otherwise
+    # the first test to run a matmul picks the mode, and an engine's fingerprint (its `mkl_cnr`) would follow the test
+    # order: the engine-process test compared a child's AUTO,STRICT with this process's OFF.
+    from samebits.runtime.template import mkl_cnr_pinned, mkl_setting_for
+
+    mkl_cnr_pinned(mkl_setting_for(os.environ.get("MKL_CBWR")))
+
+
+_pin_mkl_as_serve_does()
+
+
 def pytest_collection_modifyitems(config, items):
     if _CUDA:
         return
