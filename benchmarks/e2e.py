@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import torch
+from steplog import StepLog  # benchmarks/steplog.py, beside this script
 
 from samebits.diagnostics.roofline import roofline
 from samebits.engine.config import EngineConfig
@@ -50,6 +51,8 @@ def workload(n: int, seed: int, in_range, out_range, vocab: int):
 
 DEVICE = "cuda"
 GRAPHS = True
+# "+sync": the same engine with async scheduling off, side by side in this run (what overlapping the host buys).
+RUNS = ("fast/dynamic", "deterministic/dynamic", "deterministic/dynamic+sync", "fast/bucketed")
 
 
 def sync() -> None:
@@ -66,7 +69,9 @@ def make_engine(loaded, mode: str, policy: str, **kw) -> LLMEngine:
 
 
 def run_load(engine, prompts, max_tokens, seed=0):
-    """All requests at t=0; returns outputs by index and timing (TTFT, inter-token latency, throughput)."""
+    """All requests at t=0; returns outputs by index and timing (TTFT, inter-token latency, throughput, the time by
+    kind of step)."""
+    log = StepLog(engine)
     t0 = time.perf_counter()
     first, done = {}, {}
     for i, (p, m) in enumerate(zip(prompts, max_tokens)):
@@ -80,11 +85,13 @@ def run_load(engine, prompts, max_tokens, seed=0):
                 done[out.request_id] = (out, now)
     sync()
     total = time.perf_counter() - t0
+    engine.step, engine.scheduler.schedule = log.step, log.schedule
     gen = sum(len(done[str(i)][0].outputs[0].token_ids) for i in range(len(prompts)))
     itl = [(done[str(i)][1] - first[str(i)]) / max(1, max_tokens[i] - 1) for i in range(len(prompts))]
     return [done[str(i)][0] for i in range(len(prompts))], {
         "seconds": total, "output_tok_per_s": gen / total, "ttft_mean_s": sum(first.values()) / len(first),
-        "itl_mean_ms": 1e3 * sum(itl) / len(itl), "generated_tokens": gen}
+        "itl_mean_ms": 1e3 * sum(itl) / len(itl), "generated_tokens": gen,
+        "steps": log.summary(t0, t0 + total)}
 
 
 def key(out, k: int):
@@ -167,7 +174,10 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu only for a smoke run with --shape tiny")
     ap.add_argument("--no-graphs", action="store_true", help="decode eagerly (no CUDA graphs)")
+    ap.add_argument("--modes", default=",".join(RUNS), help=f"comma-separated, of {','.join(RUNS)}")
     args = ap.parse_args()
+    if unknown := set(args.modes.split(",")) - set(RUNS):
+        ap.error(f"--modes: unknown {sorted(unknown)}; choose from {', '.join(RUNS)}")
     global DEVICE, GRAPHS
     DEVICE, GRAPHS = args.device, not args.no_graphs
     args.out.mkdir(parents=True, exist_ok=True)
@@ -183,9 +193,7 @@ def main() -> None:
     bound = workload_bound(config, prompts, max_tokens, dtype)
     report["roofline"] = {"prefill_s": bound.prefill_s, "decode_s": bound.decode_s, "total_s": bound.total_s,
                           "decode_steps": bound.decode_steps}
-    # "+sync": the same engine with async scheduling off, side by side in this run (what overlapping the host buys).
-    for mode, policy in [("fast", "dynamic"), ("deterministic", "dynamic"), ("deterministic", "dynamic+sync"),
-                         ("fast", "bucketed")]:
+    for mode, policy in (run.split("/") for run in args.modes.split(",")):
         with deterministic_runtime() if mode == "deterministic" else contextlib.nullcontext():
             engine = make_engine(loaded, mode, policy.removesuffix("+sync"), kv_tokens=None if DEVICE == "cuda" else 65536,
                                  async_scheduling=False if policy.endswith("+sync") else None)
@@ -203,8 +211,9 @@ def main() -> None:
             torch.cuda.empty_cache()
     report["engine_b64_tok_per_s"] = engine_batch64(loaded, shape, 32 if args.quick else 128)
     report["weights_floor_ms"] = weights_floor_ms(loaded)
-    fast = report["modes"]["fast/dynamic"]["output_tok_per_s"]
-    report["deterministic_tax"] = 1 - report["modes"]["deterministic/dynamic"]["output_tok_per_s"] / fast
+    if {"fast/dynamic", "deterministic/dynamic"} <= set(report["modes"]):
+        fast = report["modes"]["fast/dynamic"]["output_tok_per_s"]
+        report["deterministic_tax"] = 1 - report["modes"]["deterministic/dynamic"]["output_tok_per_s"] / fast
     if not args.skip_hf:
         del model, loaded
         torch.cuda.empty_cache()
@@ -229,9 +238,17 @@ def print_table(report: dict) -> None:
                   f"{s['itl_mean_ms']:.1f}",
                   f"{s['batch1_decode_ms']:.2f}", f"{s['alone_vs_loaded_mismatches']}/{s['checked']}")
     Console().print(t)
+    steps = Table(title="time inside engine.step, by the kind of step launched")
+    for c in ("mode", "kind", "steps", "seconds", "mean ms", "mean tokens", "mean rows"):
+        steps.add_column(c)
+    for name, s in report["modes"].items():
+        for kind, k in s["steps"]["by_kind"].items():
+            steps.add_row(name, kind, str(k["steps"]), f"{k['seconds']:.2f}", f"{k['mean_ms']:.1f}",
+                          f"{k['mean_tokens']:.0f}", f"{k['mean_rows']:.0f}")
+    Console().print(steps)
     print(f"roofline {report['roofline']['total_s']:.2f} s (prefill {report['roofline']['prefill_s']:.2f}, decode "
           f"{report['roofline']['decode_s']:.2f}); weights floor {report['weights_floor_ms']:.2f} ms; "
-          f"deterministic tax {report['deterministic_tax']:.1%}; "
+          f"deterministic tax {report.get('deterministic_tax', float('nan')):.1%}; "
           f"engine b64 {report['engine_b64_tok_per_s']:.0f} tok/s; "
           f"HF generate b64 {report.get('hf_generate_b64_tok_per_s', float('nan')):.0f} tok/s")
 

@@ -1,0 +1,48 @@
+"""Each engine step's wall time, by the kind of step it launched (prefill, decode, mixed): where a run's time goes.
+
+With async scheduling a step launches step N+1 and reads back step N, so a row's time is that of the call that
+launched its schedule; summed by kind it still adds up to the time spent inside `engine.step`.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+
+class StepLog:
+    """engine.step and engine.scheduler.schedule wrapped: (start, seconds, kind, batched tokens, rows) per step."""
+
+    def __init__(self, engine) -> None:
+        self.step, self.schedule = engine.step, engine.scheduler.schedule
+        self.rows: list[tuple[float, float, str, int, int]] = []
+        self._launched: list = []
+        engine.step, engine.scheduler.schedule = self, self._scheduled
+
+    def _scheduled(self):
+        out = self.schedule()
+        self._launched.append(out)
+        return out
+
+    def __call__(self):
+        start = time.perf_counter()
+        self._launched.clear()
+        out = self.step()
+        launched = self._launched[-1] if self._launched else None
+        kind = launched.kind if launched is not None else "empty"
+        tokens = launched.num_batched_tokens if launched is not None else 0
+        rows = len(launched.scheduled) if launched is not None else 0
+        self.rows.append((start, time.perf_counter() - start, kind, tokens, rows))
+        return out
+
+    def summary(self, since: float, until: float) -> dict:
+        rows = [r for r in self.rows if since <= r[0] < until]
+        busy = sum(r[1] for r in rows)
+        kinds = {}
+        for kind in sorted({r[2] for r in rows}):
+            of = [r for r in rows if r[2] == kind]
+            kinds[kind] = {"steps": len(of), "seconds": sum(r[1] for r in of),
+                           "mean_ms": 1e3 * statistics.fmean(r[1] for r in of),
+                           "mean_tokens": statistics.fmean(r[3] for r in of),
+                           "mean_rows": statistics.fmean(r[4] for r in of)}
+        return {"steps": len(rows), "in_step_s": busy, "between_steps_s": (until - since) - busy,
+                "mean_step_ms": 1e3 * busy / max(1, len(rows)), "by_kind": kinds}
