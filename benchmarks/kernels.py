@@ -90,6 +90,25 @@ def _mm_rows(dtype):
     return rows
 
 
+def _race_rows():
+    """The sampler's draw: the fused race kernel against the same race in torch ops on the GPU (its reference, the
+    sampler's path before the kernel), both from float32 logits to tokens; the tokens must agree."""
+    from samebits.kernels.race import gumbel_race as torch_race
+
+    rows, v = [], 128256
+    for m in (1, 64, 256):
+        byts = m * v * 4
+        xs = [torch.randn(m, v, device="cuda", dtype=torch.float32) for _ in range(copies_for(byts))]
+        seeds, idx = torch.arange(m, device="cuda"), torch.zeros(m, dtype=torch.int64, device="cuda")
+        same = bool(torch.equal(K.gumbel_race(xs[0], seeds, idx, idx, 0)[0], torch_race(xs[0], seeds, idx, idx, 0)[0]))
+        t_sb, t_ref = bench_pair(lambda i, seeds=seeds, idx=idx, xs=xs: (
+            lambda: K.gumbel_race(xs[i], seeds, idx, idx, 0), lambda: torch_race(xs[i], seeds, idx, idx, 0)), byts)
+        rows.append({"op": "gumbel_race", "dtype": "float32", "shape": f"{m}x{v}", "m": m, "samebits_ms": t_sb,
+                     "torch_ms": t_ref, "ratio": t_ref / t_sb, "samebits_gbs": byts / t_sb / 1e6,
+                     "torch_gbs": byts / t_ref / 1e6, "same_tokens": same})
+    return rows
+
+
 def _mm_row(m, n, ws, dtype):
     """K.linear (in a graph: the proven cuBLASLt route) vs stock torch; both routes timed alone too, in a graph and
     eagerly."""
@@ -269,14 +288,16 @@ def _plot(rows, path):
     for n in MM_N:
         for dt in ("bfloat16",):
             pts = [(r["m"], r["ratio"]) for r in rows if r["op"] == "matmul" and r["n"] == n and r["dtype"] == dt]
-            ax.plot(*zip(*pts), marker="o", label=f"matmul N={n} K={KDIM} {dt} (routed)")
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"matmul N={n} K={KDIM} {dt} (routed)")
             tri = [(r["m"], r["torch_ms"] / r["triton_ms"]) for r in rows
                    if r["op"] == "matmul" and r["n"] == n and "triton_ms" in r]
             if tri:
                 ax.plot(*zip(*tri), marker=".", linestyle=":", label=f"  Triton kernel alone, N={n}")
-    for op in ("rms_norm", "log_softmax"):
+    for op in ("rms_norm", "log_softmax", "gumbel_race"):
         pts = [(r["m"], r["ratio"]) for r in rows if r["op"] == op]
-        ax.plot(*zip(*pts), marker="s", linestyle="--", label=op)
+        if pts:
+            ax.plot(*zip(*pts), marker="s", linestyle="--", label=op)
     ax.axhline(0.95, color="grey", lw=0.8)
     ax.axhline(0.9, color="grey", lw=0.8, linestyle=":")
     ax.set_xscale("log", base=2)
@@ -292,10 +313,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--only", choices=("matmul", "rows", "race"), help="time one group of ops")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
-    rows = _mm_rows(torch.bfloat16) + _row_rows()
+    groups = {"matmul": lambda: _mm_rows(torch.bfloat16), "rows": _row_rows, "race": _race_rows}
+    rows = [r for name, group in groups.items() if args.only in (None, name) for r in group()]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "rows": rows}
     if args.sweep:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from samebits.kernels import philox_uniforms
+from samebits.kernels import gumbel_race, philox_uniforms
 from samebits.kernels.common import to_device
 from samebits.kernels.philox import MASK32, philox4x32_10, words_to_uniforms
 from samebits.kernels.philox import random_words as _random_words
@@ -69,4 +69,10 @@ def uniforms(seeds, sample_indices, positions, vocab_size: int, stream: int = ST
     return philox_uniforms(*_counters(seeds, sample_indices, positions, device), vocab_size, stream)
 
 
-__all__ = ["STREAM_SAMPLE", "philox4x32_10", "random_words", "seed_tensor", "uniforms", "words_to_uniforms"]
+def race(z: torch.Tensor, seeds, sample_indices, positions, stream: int = STREAM_SAMPLE) -> torch.Tensor:
+    """[S] int64: each row's winner of the exponential race over z [S, V] float32 (kernels/race.py), keyed by its
+    counters; on z's device, ties to the lowest token id."""
+    return gumbel_race(z, *_counters(seeds, sample_indices, positions, z.device), stream)[0]
+
+
+__all__ = ["STREAM_SAMPLE", "philox4x32_10", "race", "random_words", "seed_tensor", "uniforms", "words_to_uniforms"]

@@ -9,7 +9,7 @@ The draw is the exponential race: token = argmax_i p_i / E_i with E_i = -log(u_i
 It is evaluated in log space, argmax_i (z_i - log E_i) with z the filtered, temperature-scaled logits: the same argmax
 (log p_i = z_i - logsumexp(z), a per-row constant), but needing no normalisation at all and no exp that could
 underflow tail probabilities. It is computed in float64 so the device's log can only move a key by ~1e-16 relative,
-far below the spacing of float32 logits.
+far below the spacing of float32 logits; on CUDA one fused kernel draws, keys and races (kernels/race.py).
 
 The 24-bit uniforms bound E_i to [6.0e-8, 17.3], so a token whose probability is below about 3.4e-9 of the most likely
 token's can never win the race: at most V * 3.4e-9 of probability mass (5e-4 at V = 150k, in practice far less) is
@@ -199,18 +199,6 @@ def filter_logits(scaled: torch.Tensor, top_k: Sequence[int], top_p: Sequence[fl
     return scaled
 
 
-def gumbel_noise(seeds, sample_indices, positions, vocab_size: int, device) -> torch.Tensor:
-    """[S, V] float64 -log(E_i), E_i = -log(u_i): the race's keys in log space."""
-    g = rng.uniforms(seeds, sample_indices, positions, vocab_size, device=device).double()
-    return g.log_().neg_().log_().neg_()
-
-
-def _race(filtered: torch.Tensor, seeds, sample_indices, positions) -> torch.Tensor:
-    keys = filtered.double() + gumbel_noise(seeds, sample_indices, positions, filtered.shape[-1], filtered.device)
-    # argmax returns the first maximum on every backend: a tie goes to the lowest token id.
-    return keys.argmax(dim=-1)
-
-
 def teacher_forced(logits: torch.Tensor, targets: list[int], ops) -> list[float]:
     """log_softmax(logits)[i, targets[i]] through `ops.log_softmax`, the sampler's own, so the bits decode reports."""
     logprobs = ops.log_softmax(logits, dim=-1)
@@ -254,7 +242,7 @@ def _sample_rows(logits, rows: list[int], sub: SamplingBatch, ops) -> torch.Tens
     picked = logits.index_select(0, to_device(rows, torch.int64, logits.device))
     t = to_device(sub.temperature, torch.float32, logits.device)[:, None]
     filtered = filter_logits(picked / t, sub.top_k, sub.top_p, sub.min_p, ops)
-    return _race(filtered, sub.seeds, sub.sample_indices, sub.positions)
+    return rng.race(filtered, sub.seeds, sub.sample_indices, sub.positions)
 
 
 def adjust_logits(logits: torch.Tensor, adjust: list[RowAdjust | None]) -> torch.Tensor:

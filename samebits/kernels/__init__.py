@@ -20,6 +20,7 @@ __all__ = [
     "det_mean",
     "det_sum",
     "get_ops",
+    "gumbel_race",
     "linear",
     "log_softmax",
     "matmul",
@@ -97,3 +98,10 @@ def philox_uniforms(seeds, sample_indices, positions, vocab_size: int, stream: i
     """[B, vocab_size] float32 Philox uniforms (int64 [B] counters on one device). Integer arithmetic: one implementation
     per device serves both modes, with the same bits on every device."""
     return _det(seeds).philox_uniforms(seeds, sample_indices, positions, vocab_size, stream)
+
+
+def gumbel_race(z, seeds, sample_indices, positions, stream: int):
+    """-> (token int64 [S], its float64 key [S]): the exponential race over z [S, V] float32 with the Philox uniforms
+    of each row's counters (kernels/race.py). Elementwise keys and an exact maximum: one implementation per device
+    serves both modes."""
+    return _det(z).gumbel_race(z, seeds, sample_indices, positions, stream)

@@ -155,6 +155,13 @@ TILE_CONFIGS["philox"] = {
     "k * 2^-24 are exact in float32. rounds/bits are listed because changing them changes every sample.",
 }
 
+TILE_CONFIGS["gumbel_race"] = {
+    "config": {"vocab_chunk": 8192, "block": 512},
+    "why": "the fused race (triton/race.py) takes each row's vocabulary in chunks of vocab_chunk tokens in parallel, "
+    "block Philox calls (4 tokens each) at a time, and merges the chunks' winners; the maximum is exact and ties go to "
+    "the lowest id, so neither number can change a token. Listed for the fingerprint, not tuned for bits.",
+}
+
 TILE_CONFIGS["tensor_parallel"] = {
     "config": {"tp_max": TP_MAX, "shards": "every sharded GEMM at the shape of one of tp_max shards",
                "merge": "adjacent pairwise tree over the tp_max K-chunk partial sums, float32, rounded once"},

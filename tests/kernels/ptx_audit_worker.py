@@ -72,6 +72,14 @@ def _row_specs():
     specs.append(("philox uniforms", _spec(_jit("philox", "_philox_uniform_kernel"), types,
                                            {"STREAM": 0, "BLOCK": TILE_CONFIGS["philox"]["config"]["block"]},
                                            ["OUT"], {"num_warps": 4})))
+    race, rcfg = _jit("race", "_gumbel_race_kernel"), TILE_CONFIGS["gumbel_race"]["config"]
+    types = {"Z": "*fp32", "KEYS": "*fp64", "IDS": "*i64", "SEED_LO": "*i64", "SEED_HI": "*i64", "POS": "*i64",
+             "SAMPLE": "*i64", "V": "i32", "stride_z": "i32", "n_chunks": "i32"}
+    specs.append(("gumbel race", _spec(race, types, {"STREAM": 0, "VOCAB_CHUNK": rcfg["vocab_chunk"],
+                                                     "BLOCK": rcfg["block"]}, ["Z"], {"num_warps": 4})))
+    types = {"KEYS": "*fp64", "IDS": "*i64", "TOKENS": "*i64", "BEST": "*fp64", "n_chunks": "i32"}
+    specs.append(("gumbel race merge", _spec(_jit("race", "_merge_chunks_kernel"), types, {"CHUNKS": 16}, [],
+                                             {"num_warps": 4})))
     specs.append(("det_sum merge", _spec(_jit("reduce", "_merge_kernel"), {"part_ptr": "*fp32", "out_ptr": "*fp32"},
                                          {"SPLIT": dcfg["split"]}, [], {"num_warps": 1})))
     return specs

@@ -22,6 +22,7 @@ from samebits.kernels.cpu.gemm import blocked_gemm
 from samebits.kernels.cpu.reduce import tree_sum
 from samebits.kernels.kv_cache import write_kv  # noqa: F401 - ops of this backend (ops.OPS)
 from samebits.kernels.philox import philox_uniforms  # noqa: F401
+from samebits.kernels.race import gumbel_race  # noqa: F401
 from samebits.kernels.rope import apply_rope as rope  # noqa: F401
 
 

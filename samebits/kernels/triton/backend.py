@@ -13,6 +13,7 @@ from samebits.kernels.triton import norms, reduce
 from samebits.kernels.triton import softmax as tri_softmax
 from samebits.kernels.triton.kv_write import write_kv as tri_write_kv
 from samebits.kernels.triton.philox import philox_uniforms  # noqa: F401 - an op of this backend (ops.OPS)
+from samebits.kernels.triton.race import gumbel_race  # noqa: F401
 from samebits.kernels.triton.rope import apply_rope as tri_rope
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from samebits.kernels.attention import paged_attention_sdpa, run_checked
 from samebits.kernels.triton import attention as tri_attention
-from samebits.kernels.triton.backend import philox_uniforms, rope, write_kv  # noqa: F401 - ops of this backend
+from samebits.kernels.triton.backend import gumbel_race, philox_uniforms, rope, write_kv  # noqa: F401 - ops of this backend
 from samebits.kernels.vendor import (  # noqa: F401
     add_rms_norm,
     bmm,

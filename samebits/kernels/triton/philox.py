@@ -29,11 +29,9 @@ def _uniform(word):
 
 
 @triton.jit
-def _philox_uniform_kernel(OUT, SEED_LO, SEED_HI, POS, SAMPLE, V, stride_ob, STREAM: tl.constexpr,
-                           BLOCK: tl.constexpr):
-    # grid (B, cdiv(V / 4, BLOCK)); OUT [B, V] float32; one program: BLOCK Philox calls = 4 * BLOCK vocab entries
-    b = tl.program_id(0)
-    blocks = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] c0
+def _philox_words(blocks, b, SEED_LO, SEED_HI, POS, SAMPLE, STREAM: tl.constexpr):
+    # Philox-4x32-10 of counters (blocks, POS[b], SAMPLE[b], STREAM) under key (SEED_LO[b], SEED_HI[b]): the 4 words
+    # of vocab entries 4 * blocks + 0..3
     c0 = blocks.to(tl.uint32)
     c1 = _u32(0, c0) + tl.load(POS + b).to(tl.uint32)
     c2 = _u32(0, c0) + tl.load(SAMPLE + b).to(tl.uint32)
@@ -48,6 +46,16 @@ def _philox_uniform_kernel(OUT, SEED_LO, SEED_HI, POS, SAMPLE, V, stride_ob, STR
         hi0, lo0 = tl.umulhi(c0, m0), c0 * m0
         hi1, lo1 = tl.umulhi(c2, m1), c2 * m1
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _philox_uniform_kernel(OUT, SEED_LO, SEED_HI, POS, SAMPLE, V, stride_ob, STREAM: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    # grid (B, cdiv(V / 4, BLOCK)); OUT [B, V] float32; one program: BLOCK Philox calls = 4 * BLOCK vocab entries
+    b = tl.program_id(0)
+    blocks = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] c0
+    c0, c1, c2, c3 = _philox_words(blocks, b, SEED_LO, SEED_HI, POS, SAMPLE, STREAM)
     row = OUT + b.to(tl.int64) * stride_ob
     v = blocks.to(tl.int64) * 4
     tl.store(row + v, _uniform(c0), mask=v < V)
@@ -56,19 +64,28 @@ def _philox_uniform_kernel(OUT, SEED_LO, SEED_HI, POS, SAMPLE, V, stride_ob, STR
     tl.store(row + v + 3, _uniform(c3), mask=v + 3 < V)
 
 
+def check_counters(where: str, seeds: torch.Tensor, sample_indices: torch.Tensor, positions: torch.Tensor) -> None:
+    b = seeds.shape[0]
+    for name, t in (("seeds", seeds), ("sample_indices", sample_indices), ("positions", positions)):
+        assert t.shape == (b,) and t.dtype == torch.int64, f"{where}: {name} must be int64 [{b}], got " \
+                                                            f"{t.dtype} {tuple(t.shape)}"
+        assert t.device == seeds.device, f"{where}: {name} on {t.device}, seeds on {seeds.device}"
+
+
+def seed_halves(seeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return seeds & 0xFFFFFFFF, (seeds >> 32) & 0xFFFFFFFF
+
+
 def philox_uniforms(seeds: torch.Tensor, sample_indices: torch.Tensor, positions: torch.Tensor, vocab_size: int,
                     stream: int = 0) -> torch.Tensor:
     """[B, vocab_size] float32 uniforms; seeds int64 (two's-complement 64-bit), indices int64 in [0, 2^32)."""
     b = seeds.shape[0]
-    for name, t in (("seeds", seeds), ("sample_indices", sample_indices), ("positions", positions)):
-        assert t.shape == (b,) and t.dtype == torch.int64, f"philox_uniforms: {name} must be int64 [{b}], got " \
-                                                            f"{t.dtype} {tuple(t.shape)}"
-        assert t.device == seeds.device, f"philox_uniforms: {name} on {t.device}, seeds on {seeds.device}"
+    check_counters("philox_uniforms", seeds, sample_indices, positions)
     assert vocab_size >= 1 and 0 <= stream < 2**32, f"philox_uniforms: vocab_size {vocab_size}, stream {stream}"
     out = torch.empty(b, vocab_size, dtype=torch.float32, device=seeds.device)
     if b == 0:
         return out
-    lo, hi = seeds & 0xFFFFFFFF, (seeds >> 32) & 0xFFFFFFFF
+    lo, hi = seed_halves(seeds)
     grid = (b, triton.cdiv(triton.cdiv(vocab_size, 4), BLOCK))
     _philox_uniform_kernel[grid](out, lo, hi, positions, sample_indices, vocab_size, out.stride(0), STREAM=stream,
                                  BLOCK=BLOCK)
