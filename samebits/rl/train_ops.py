@@ -67,6 +67,7 @@ class TrainOps:
         self._attention = OpPair(self._cached_attention, self._reference_attention)
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.philox_uniforms = base.philox_uniforms  # integer arithmetic: nothing to differentiate
+        self.gumbel_race = base.gumbel_race  # a token id: nothing to differentiate
 
     def __repr__(self) -> str:
         return f"TrainOps({self.base!r})"

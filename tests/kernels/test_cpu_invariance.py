@@ -4,6 +4,7 @@ import torch
 
 import samebits.kernels as K
 from samebits.diagnostics.compare import assert_same_bits
+from samebits.kernels.race import race_keys
 from tests.kernels.helpers import BATCH_SIZES, DTYPES, check_row_invariance, fresh_generator, rand, rows_that_differ
 
 H = 96
@@ -24,6 +25,8 @@ def _ops(dtype, g):
         "det_sum": lambda x: K.det_sum(x, dim=-1),
         "det_mean": lambda x: K.det_mean(x, dim=-1),
         "silu_and_mul": lambda x: K.silu_and_mul(x),
+        # Every row drawn with one key, so a row's float64 logs see the same inputs at every slot of the batch.
+        "race_keys": lambda x: race_keys(x.float(), *(torch.full((len(x),), 7, dtype=torch.int64),) * 3, 0),
     }
 
 
