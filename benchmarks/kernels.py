@@ -96,6 +96,22 @@ def _unfused_race(z, seeds, samples, positions):
     return (z.double() + g.log_().neg_().log_().neg_()).argmax(dim=-1)
 
 
+def _silu_rows():
+    """silu_and_mul at the 8B MLP width: the fused kernel against the unfused torch form it replaced; same bits."""
+    from samebits.kernels.activation import silu_and_mul as torch_form
+
+    rows, inter = [], 14336
+    for m in (64, 1024, 8192):
+        byts = m * inter * 2 * 3  # read gate and up, write the product, bf16
+        xs = [torch.randn(m, 2 * inter, device="cuda", dtype=torch.bfloat16) for _ in range(copies_for(byts))]
+        same = bool(torch.equal(K.silu_and_mul(xs[0]), torch_form(xs[0])))
+        t_sb, t_ref = bench_pair(lambda i, xs=xs: (lambda: K.silu_and_mul(xs[i]), lambda: torch_form(xs[i])), byts)
+        rows.append({"op": "silu_and_mul", "dtype": "bfloat16", "shape": f"{m}x{2 * inter}", "m": m,
+                     "samebits_ms": t_sb, "torch_ms": t_ref, "ratio": t_ref / t_sb, "samebits_gbs": byts / t_sb / 1e6,
+                     "torch_gbs": byts / t_ref / 1e6, "same_bits": same})
+    return rows
+
+
 def _race_rows():
     """The sampler's draw, float32 logits to tokens: the fused race kernel against the unfused path it replaced; the
     tokens must agree."""
@@ -298,7 +314,7 @@ def _plot(rows, path):
                    if r["op"] == "matmul" and r["n"] == n and "triton_ms" in r]
             if tri:
                 ax.plot(*zip(*tri), marker=".", linestyle=":", label=f"  Triton kernel alone, N={n}")
-    for op in ("rms_norm", "log_softmax", "gumbel_race"):
+    for op in ("rms_norm", "log_softmax", "silu_and_mul", "gumbel_race"):
         pts = [(r["m"], r["ratio"]) for r in rows if r["op"] == op]
         if pts:
             ax.plot(*zip(*pts), marker="s", linestyle="--", label=op)
@@ -317,11 +333,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--only", choices=("matmul", "rows", "race"), help="time one group of ops")
+    ap.add_argument("--only", choices=("matmul", "rows", "fused"), help="time one group of ops")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
-    groups = {"matmul": lambda: _mm_rows(torch.bfloat16), "rows": _row_rows, "race": _race_rows}
+    groups = {"matmul": lambda: _mm_rows(torch.bfloat16), "rows": _row_rows, "fused": lambda: _silu_rows() + _race_rows()}
     rows = [r for name, group in groups.items() if args.only in (None, name) for r in group()]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "rows": rows}

@@ -155,6 +155,13 @@ TILE_CONFIGS["philox"] = {
     "k * 2^-24 are exact in float32. rounds/bits are listed because changing them changes every sample.",
 }
 
+TILE_CONFIGS["silu_and_mul"] = {
+    "config": {"block": 1024, "num_warps": 4, "arithmetic": "float32 x / (1 + expf(-x)) * up, div.rn, rounded once"},
+    "why": "elementwise: each output from its own gate and up values, so the block cannot change a bit; the "
+    "arithmetic is torch's CUDA silu (libdevice expf, correctly rounded division), so the kernel gives the unfused "
+    "form's bits (triton/activation.py; the GPU test holds it to them).",
+}
+
 TILE_CONFIGS["gumbel_race"] = {
     "config": {"vocab_chunk": 8192, "block": 512},
     "why": "the fused race (triton/race.py) takes each row's vocabulary in chunks of vocab_chunk tokens in parallel, "

@@ -3,7 +3,7 @@
 Each function computes what the invariant op of the same name computes, in plain torch ops that autograd knows, so
 its gradient is the op's gradient; its bits may differ from the op's (it is only ever differentiated, never used as
 a forward). The norms and softmaxes are the fast backend's (kernels/vendor.py); RoPE is the torch op of
-kernels/rope.py; attention is spelled out per sequence, dense and causal, because the trainer's batches are whole
+kernels/rope.py, silu_and_mul that of kernels/activation.py; attention is spelled out per sequence, dense and causal, because the trainer's batches are whole
 sequences (no cached prefix).
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from samebits.kernels import vendor
+from samebits.kernels.activation import silu_and_mul  # noqa: F401 - the op's torch form (plain autograd ops)
 from samebits.kernels.rope import apply_rope
 
 linear = F.linear
@@ -24,13 +25,6 @@ add_rms_norm = vendor.add_rms_norm
 softmax = vendor.softmax
 log_softmax = vendor.log_softmax
 rope = apply_rope
-
-
-def silu_and_mul(x):
-    """silu(x[..., :I]) * x[..., I:] in fp32, rounded to x.dtype (as the invariant op)."""
-    i = x.shape[-1] // 2
-    xf = x.float()
-    return (F.silu(xf[..., :i]) * xf[..., i:]).to(x.dtype)
 
 
 def det_sum_rows(x):

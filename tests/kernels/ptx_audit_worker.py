@@ -72,6 +72,12 @@ def _row_specs():
     specs.append(("philox uniforms", _spec(_jit("philox", "_philox_uniform_kernel"), types,
                                            {"STREAM": 0, "BLOCK": TILE_CONFIGS["philox"]["config"]["block"]},
                                            ["OUT"], {"num_warps": 4})))
+    acfg = TILE_CONFIGS["silu_and_mul"]["config"]
+    for dt in DTYPES:
+        types = {"x_ptr": f"*{dt}", "y_ptr": f"*{dt}", "inter": "i32", "stride_x": "i32", "stride_y": "i32"}
+        specs.append((f"silu_and_mul {dt}", _spec(_jit("activation", "_silu_and_mul_kernel"), types,
+                                                  {"LIBDEVICE": True, "BLOCK": acfg["block"]}, ["x_ptr", "y_ptr"],
+                                                  {"num_warps": acfg["num_warps"]})))
     race, rcfg = _jit("race", "_gumbel_race_kernel"), TILE_CONFIGS["gumbel_race"]["config"]
     types = {"Z": "*fp32", "KEYS": "*fp64", "IDS": "*i64", "SEED_LO": "*i64", "SEED_HI": "*i64", "POS": "*i64",
              "SAMPLE": "*i64", "V": "i32", "stride_z": "i32", "n_chunks": "i32"}

@@ -149,3 +149,16 @@ def test_fused_race_equals_the_torch_race_at_a_real_vocabulary():
     assert_same_bits(cpu[0], got[0].cpu(), "tokens: CPU reference vs CUDA kernel")
     other = K.gumbel_race(z, seeds, samples, positions, 1)  # negative control: another stream, other draws
     assert mismatch(other[0], got[0]).differing > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_silu_and_mul_gives_the_torch_forms_bits(dtype):
+    """The fused kernel against the unfused torch form on this GPU, every element, at the 8B MLP width with odd row
+    counts and extreme values (exp overflow and underflow, denormals, zeros)."""
+    from samebits.kernels.activation import silu_and_mul as torch_form
+
+    g = _gen()
+    x = _randn((1025, 2 * 14336), dtype, g, 8.0)
+    x[0, :8] = torch.tensor([100.0, -100.0, 88.0, -88.0, 1e-40, -1e-40, 0.0, -0.0], dtype=dtype)
+    assert_same_bits(K.silu_and_mul(x), torch_form(x), f"silu_and_mul {dtype}: fused vs torch")
+    assert_same_bits(K.silu_and_mul(x[7:8]), K.silu_and_mul(x)[7:8], f"silu_and_mul {dtype}: a row alone")

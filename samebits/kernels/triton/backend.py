@@ -2,11 +2,10 @@
 and for linears whose weight shape passed its self-test the proven cuBLASLt route (kernels/vendor_gemm.py)."""
 from __future__ import annotations
 
-import torch.nn.functional as F
-
 from samebits.kernels import common, kv_cache, vendor_gemm
 from samebits.kernels import rope as torch_rope
 from samebits.kernels.attention import run_checked
+from samebits.kernels.triton import activation as tri_activation
 from samebits.kernels.triton import attention as tri_attention
 from samebits.kernels.triton import matmul as tri_matmul
 from samebits.kernels.triton import norms, reduce
@@ -66,11 +65,9 @@ def log_softmax(x, dim=-1):
 
 
 def silu_and_mul(x):
-    """Elementwise in fp32 through torch: its CUDA elementwise kernels give every element the same bits anywhere."""
+    """Elementwise in fp32, one fused pass with the bits of the torch form (kernels/activation.py)."""
     common.require("silu_and_mul", x)
-    i = x.shape[-1] // 2
-    xf = x.float()
-    return (F.silu(xf[..., :i]) * xf[..., i:]).to(x.dtype)
+    return tri_activation.silu_and_mul(x)
 
 
 def det_sum_rows(x):
