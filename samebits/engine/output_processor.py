@@ -18,6 +18,9 @@ from samebits.engine.sequence import Finish, Sequence, ends_by_length
 class _SampleOutput:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    # The token logprobs added left to right as they arrive: Python's sum() compensates since 3.12, so it would give
+    # other bits on another Python.
+    cumulative_logprob: float = 0.0
     # Incremental detokenization (vLLM-style offsets): text holds the decode of output ids [0, read).
     prefix: int = 0
     read: int = 0
@@ -117,6 +120,7 @@ class OutputProcessor:
         seq.resolve_token(result.token_id)
         sample = self.samples[seq.seq_id]
         sample.logprobs.append(result.logprob)
+        sample.cumulative_logprob += result.logprob
         sample.top_logprobs.append(result.top_logprobs)
         self.generation_tokens += 1
         self._touched[seq.request_id] = None
@@ -172,5 +176,5 @@ class OutputProcessor:
             index=seq.sample_index, text=sample.text, token_ids=seq.output_token_ids,
             token_logprobs=list(sample.logprobs) if want else None,
             top_logprobs=list(sample.top_logprobs) if want else None,
-            cumulative_logprob=float(sum(sample.logprobs)), finish_reason=seq.finish_reason,
+            cumulative_logprob=sample.cumulative_logprob, finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason)

@@ -1,4 +1,9 @@
 """The output processor: every stop rule in one place, with the precedence the engine reports (torch-free)."""
+import functools
+import math
+import operator
+import random
+
 import pytest
 
 from samebits.engine.output_processor import OutputProcessor
@@ -18,17 +23,18 @@ class LetterTokenizer:
         return "".join(("" if skip_special_tokens else "<eos>") if t == EOS else chr(ord("A") + t) for t in ids)
 
 
-def feed(tokens, max_model_len=64, **params):
-    """Sample `tokens` one step at a time into a fresh request; returns the decisions of the last step."""
+def feed(tokens, max_model_len=64, logprobs=None, **params):
+    """Sample `tokens` (with `logprobs`, else -0.5 each) one step at a time into a fresh request; returns the
+    decisions of the last step."""
     proc = OutputProcessor(LetterTokenizer(), {EOS}, max_model_len)
     seq = Sequence("r", [1, 2], SamplingParams(**params))
     proc.add_request("r", None, [1, 2], 7, [seq])
     finished = []
-    for t in tokens:
+    for t, lp in zip(tokens, logprobs or [-0.5] * len(tokens)):
         assert not finished, "a finished sequence got another token"
         out = SchedulerOutput([ScheduledSeq(seq, 1, True, seq.num_tokens - 1)])
         seq.reserve_token()  # as Scheduler.schedule does for a chunk that samples
-        finished = proc.process(out, {seq.seq_id: StepResult(t, -0.5, {})})
+        finished = proc.process(out, {seq.seq_id: StepResult(t, lp, {})})
     return proc, seq, finished
 
 
@@ -85,3 +91,15 @@ def test_a_sampled_chunk_without_a_draw_is_refused():
     with pytest.raises(ValueError, match="no sampled token"):
         proc.process(SchedulerOutput([ScheduledSeq(seq, 2, True, 0)]), {})
     assert proc.process(SchedulerOutput([ScheduledSeq(seq, 1, False, 0)]), {}) == []
+
+
+def test_cumulative_logprob_adds_left_to_right_on_every_python(seed):
+    """Python 3.12's sum() compensates (as math.fsum does) and 3.11's does not; the engine's own fold is the same on
+    both. Negative control: the compensated sum of these logprobs has other bits."""
+    rnd = random.Random(seed)
+    # After -3.0 each tiny logprob is below half an ulp, so a left-to-right fold drops it and a compensated sum not.
+    lps = [-3.0] + [-rnd.uniform(1e-17, 1e-16) for _ in range(199)]
+    proc, _, _ = feed([3] * 200, max_model_len=256, logprobs=lps, max_tokens=200)
+    (out,) = proc.outputs()
+    assert out.outputs[0].cumulative_logprob == functools.reduce(operator.add, lps, 0.0)
+    assert math.fsum(lps) != functools.reduce(operator.add, lps, 0.0)
