@@ -79,7 +79,7 @@ def engine_batch64(loaded, shape: dict, out_len: int) -> float:
     """The HF comparison's workload (64 prompts of 512 tokens, out_len each) through the deterministic engine."""
     with deterministic_runtime():
         engine = make_engine(loaded, "deterministic", "dynamic", kv_tokens=kv_tokens_for(DEVICE))
-        _, stats = run_load(engine, workload(64, 1, (512, 512), (1, 1), shape["vocab_size"]).head(64, out_len))
+        _, stats = run_load(engine, workload(64, 1, (512, 512), (out_len, out_len), shape["vocab_size"]))
     return stats["output_tok_per_s"]
 
 

@@ -45,6 +45,8 @@ def test_report_has_every_number_and_no_roofline_on_the_cpu(report):
         assert steps["in_step_s"] + steps["between_steps_s"] == pytest.approx(stats["seconds"])
     assert report["roofline"]["total_s"] is None and "cpu" in report["roofline"]["reason"]
     assert "deterministic_tax" in report and report["config"] == dataclasses.asdict(CONFIG)
+    assert {m: fp["mode"] for m, fp in report["fingerprints"].items()} == {"deterministic": "deterministic",
+                                                                           "fast": "fast"}
 
 
 def test_deterministic_requests_alone_equal_their_bits_inside_the_load(report):
@@ -91,3 +93,16 @@ def test_roofline_only_where_the_peaks_were_measured(loaded, monkeypatch):
     other = bound.workload_bound(loaded.config, work, torch.bfloat16, "cuda", max_num_seqs=256)
     assert other["total_s"] is None and bound.of_roofline(other, 1.0) is None
     assert "NVIDIA H100 80GB HBM3 bfloat16" in other["reason"]
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_deterministic_is_invariant_and_the_roofline_known_only_on_the_h200():
+    config = dataclasses.replace(CONFIG, device="cuda")
+    with runtime_for("deterministic"):
+        model = load(config, "cuda")
+    with progress_bar(show=False) as bar:
+        report = run_bench(config, model, bench_workload(config, model.config), "cuda", bar)
+    assert report["modes"]["deterministic"]["alone_vs_loaded_mismatches"] == 0
+    on_h200 = torch.cuda.get_device_name() == "NVIDIA H200"
+    assert (report["roofline"]["total_s"] is not None) == on_h200
+    assert (report["modes"]["fast"]["of_roofline"] is not None) == on_h200

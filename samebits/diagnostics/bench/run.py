@@ -46,7 +46,7 @@ def engine_for(loaded, mode: str, policy: str, device: str, cuda_graphs: bool = 
 def measure(engine, work: Workload, chosen: list[int], seed: int = 0,
             advance: Callable[[int], None] | None = None) -> dict:
     """A warm-up, the timed load, then the chosen requests re-run alone; `advance(n)` as n of them are done."""
-    run_load(engine, work.head(WARMUP_REQUESTS, WARMUP_TOKENS))
+    run_load(engine, work.warmup(WARMUP_REQUESTS, WARMUP_TOKENS))
     outs, stats = run_load(engine, work, seed, advance)
     stats["alone_vs_loaded_mismatches"] = alone_vs_loaded(engine, work, outs, chosen, seed,
                                                           checked=None if advance is None else lambda: advance(1))
@@ -78,25 +78,30 @@ def bench_workload(config: BenchConfig, model_config) -> Workload:
 
 def run_bench(config: BenchConfig, loaded, work: Workload, device: str, bar) -> dict:
     """Every mode of `config` on `loaded`, one `bar` task each (a rich Progress); -> the report."""
-    from samebits.runtime import runtime_for
+    from samebits.runtime import fingerprint, runtime_for
 
     chosen = picks(len(work), config.rerun_alone)
-    bound = workload_bound(loaded.config, work, loaded.model.dtype, device, MAX_NUM_SEQS)
-    report = {"schema": SCHEMA_VERSION, "config": dataclasses.asdict(config), "model": loaded.name, "device": device,
-              "workload": {"requests": len(work), "prompt_tokens": sum(map(len, work.prompts)),
-                           "output_tokens": sum(work.max_tokens)},
-              "roofline": bound, "modes": {}}
+    report = _header(config, loaded, work, device)
     for mode in config.modes:
         task = bar.add_task(f"{mode}: {len(work)} requests, {len(chosen)} re-run alone",
                             total=len(work) + len(chosen))
         with runtime_for(mode):
             stats = _measure_mode(loaded, mode, device, work, chosen, config.seed, functools.partial(bar.advance, task))
-        stats["of_roofline"] = of_roofline(bound, stats["seconds"])
+            report["fingerprints"][mode] = fingerprint(mode, None, loaded.numerics())  # what produced these bits
+        stats["of_roofline"] = of_roofline(report["roofline"], stats["seconds"])
         report["modes"][mode] = stats
     if len(report["modes"]) == 2:
-        modes = report["modes"]
-        report["deterministic_tax"] = 1 - modes["deterministic"]["output_tok_per_s"] / modes["fast"]["output_tok_per_s"]
+        tok_s = {mode: stats["output_tok_per_s"] for mode, stats in report["modes"].items()}
+        report["deterministic_tax"] = 1 - tok_s["deterministic"] / tok_s["fast"]
     return report
+
+
+def _header(config: BenchConfig, loaded, work: Workload, device: str) -> dict:
+    return {"schema": SCHEMA_VERSION, "config": dataclasses.asdict(config), "model": loaded.name, "device": device,
+            "workload": {"requests": len(work), "prompt_tokens": sum(map(len, work.prompts)),
+                         "output_tokens": sum(work.max_tokens)},
+            "roofline": workload_bound(loaded.config, work, loaded.model.dtype, device, MAX_NUM_SEQS),
+            "modes": {}, "fingerprints": {}}
 
 
 def _measure_mode(loaded, mode: str, device: str, work: Workload, chosen: list[int], seed: int, advance) -> dict:

@@ -15,9 +15,10 @@ class Workload:
     def __len__(self) -> int:
         return len(self.prompts)
 
-    def head(self, n: int, max_tokens: int) -> Workload:
-        """The first `n` prompts, each asking `max_tokens` (a warm-up)."""
-        return Workload(self.prompts[:n], [max_tokens] * min(n, len(self)))
+    def warmup(self, n: int, max_tokens: int) -> Workload:
+        """The first `n` prompts reversed, each asking `max_tokens`: the same shapes, but none of their blocks, so
+        the timed load after it finds nothing of its own in the prefix cache."""
+        return Workload([p[::-1] for p in self.prompts[:n]], [max_tokens] * min(n, len(self)))
 
 
 def workload(n: int, seed: int, prompt_range: tuple[int, int], output_range: tuple[int, int], vocab: int) -> Workload:
