@@ -1,23 +1,28 @@
 """End-to-end benchmark (GPU): fast vs deterministic vs bucketed vs HF `generate`, on an 8B-shaped random model.
 
 Also measures how much invariance each mode really has: requests re-run alone vs inside the full load.
-Writes e2e.json and e2e.png to --out.
+Writes e2e.json and e2e.png to --out. The workload, its timing, the re-runs and the roofline are `samebits bench`'s
+(samebits/diagnostics/bench/); what is here is the H200 run's extras: the policies and async scheduling off side by
+side, batch-1 decode, the weights floor and HF `generate`.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's samebits, installed or not
+
 from samebits.diagnostics.bench.bound import of_roofline, workload_bound
 from samebits.diagnostics.bench.invariance import picks
 from samebits.diagnostics.bench.load import run_load
 from samebits.diagnostics.bench.report import roofline_cell, steps_table
-from samebits.diagnostics.bench.run import engine_for, kv_tokens_for, measure
+from samebits.diagnostics.bench.run import MAX_NUM_BATCHED_TOKENS, engine_for, kv_tokens_for, measure
 from samebits.diagnostics.bench.shapes import SHAPES, NullTokenizer, random_shape_model
 from samebits.diagnostics.bench.workload import workload
 from samebits.engine.sampling_params import SamplingParams
@@ -39,7 +44,7 @@ def sync() -> None:
 def make_engine(loaded, mode: str, policy: str, **kw):
     return engine_for(loaded, mode, policy, DEVICE, cuda_graphs=kw.get("graphs", GRAPHS),
                       async_scheduling=kw.get("async_scheduling"), kv_cache_tokens=kw.get("kv_tokens"),
-                      **({"max_num_batched_tokens": kw["budget"]} if "budget" in kw else {}))
+                      max_num_batched_tokens=kw.get("budget", MAX_NUM_BATCHED_TOKENS))
 
 
 def decode_step_ms(engine, prompt_len: int = 512, steps: int = 64) -> float:
