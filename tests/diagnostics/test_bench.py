@@ -106,3 +106,12 @@ def test_on_the_gpu_deterministic_is_invariant_and_the_roofline_known_only_on_th
     on_h200 = torch.cuda.get_device_name() == "NVIDIA H200"
     assert (report["roofline"]["total_s"] is not None) == on_h200
     assert (report["modes"]["fast"]["of_roofline"] is not None) == on_h200
+
+
+def test_the_timed_load_computes_every_prompt_token(report):
+    """The warm-up leaves none of the workload's blocks in the prefix cache: every prompt token and every decode
+    row (the first output token comes from the prefill) is a batched token of the timed load."""
+    w = report["workload"]
+    for stats in report["modes"].values():
+        batched = sum(k["mean_tokens"] * k["steps"] for k in stats["steps"]["by_kind"].values())
+        assert batched == pytest.approx(w["prompt_tokens"] + w["output_tokens"] - w["requests"])
