@@ -1,53 +1,34 @@
 """End-to-end benchmark (GPU): fast vs deterministic vs bucketed vs HF `generate`, on an 8B-shaped random model.
 
 Also measures how much invariance each mode really has: requests re-run alone vs inside the full load.
-Writes e2e.json and e2e.png to --out.
+Writes e2e.json and e2e.png to --out. The workload, its timing, the re-runs and the roofline are `samebits bench`'s
+(samebits/diagnostics/bench/); what is here is the H200 run's extras: the policies and async scheduling off side by
+side, batch-1 decode, the weights floor and HF `generate`.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
-import random
+import sys
 import time
 from pathlib import Path
 
 import torch
-from steplog import StepLog  # benchmarks/steplog.py, beside this script
 
-from samebits.diagnostics.roofline import roofline
-from samebits.engine.config import EngineConfig
-from samebits.engine.llm_engine import LLMEngine
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's samebits, installed or not
+
+from samebits.diagnostics.bench.bound import of_roofline, workload_bound
+from samebits.diagnostics.bench.invariance import picks
+from samebits.diagnostics.bench.load import run_load
+from samebits.diagnostics.bench.report import roofline_cell, steps_table
+from samebits.diagnostics.bench.run import MAX_NUM_BATCHED_TOKENS, engine_for, kv_tokens_for, measure
+from samebits.diagnostics.bench.shapes import SHAPES, NullTokenizer, random_shape_model
+from samebits.diagnostics.bench.workload import workload
 from samebits.engine.sampling_params import SamplingParams
-from samebits.kernels import get_ops
-from samebits.models.config import ModelConfig
-from samebits.models.loader import LoadedModel
-from samebits.models.testing import random_model
 from samebits.runtime import deterministic_runtime
 
-SHAPES = {
-    "8b": dict(architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
-               num_heads=32, num_kv_heads=8, head_dim=128, max_position_embeddings=8192, rope_theta=500000.0),
-    "tiny": dict(architecture="llama", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
-                 num_heads=4, num_kv_heads=2, head_dim=64, max_position_embeddings=4096, rope_theta=500000.0),
-    "1b": dict(architecture="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16,
-               num_heads=32, num_kv_heads=8, head_dim=64, max_position_embeddings=8192, rope_theta=500000.0),
-}
-
-
-class NullTokenizer:
-    """Random-weight models have no vocabulary worth decoding; the engine only needs these."""
-    eos_token_ids: set[int] = set()
-
-    def decode(self, ids, skip_special_tokens=True) -> str:
-        return ""
-
-
-def workload(n: int, seed: int, in_range, out_range, vocab: int):
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(*in_range))] for _ in range(n)]
-    return prompts, [rng.randint(*out_range) for _ in range(n)]
-
+__all__ = ["SHAPES", "NullTokenizer", "make_engine", "sync"]  # benchmarks/steps.py and tp.py build on these
 
 DEVICE = "cuda"
 GRAPHS = True
@@ -60,57 +41,10 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def make_engine(loaded, mode: str, policy: str, **kw) -> LLMEngine:
-    loaded.model.set_ops(get_ops(mode, DEVICE))
-    cfg = EngineConfig(model="random", mode=mode, policy=policy, device=DEVICE, dtype=str(loaded.model.dtype),
-                       max_num_batched_tokens=kw.get("budget", 8192), max_num_seqs=256, cuda_graphs=kw.get("graphs", GRAPHS),
-                       kv_cache_tokens=kw.get("kv_tokens"), async_scheduling=kw.get("async_scheduling"))
-    return LLMEngine(cfg, loaded)
-
-
-def run_load(engine, prompts, max_tokens, seed=0):
-    """All requests at t=0; returns outputs by index and timing (TTFT, inter-token latency, throughput, the time by
-    kind of step)."""
-    log = StepLog(engine)
-    t0 = time.perf_counter()
-    first, done = {}, {}
-    for i, (p, m) in enumerate(zip(prompts, max_tokens)):
-        engine.add_request(str(i), p, SamplingParams(temperature=0.8, seed=seed + i, max_tokens=m, logprobs=0,
-                                                     ignore_eos=True))
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            now = time.perf_counter() - t0
-            first.setdefault(out.request_id, now)
-            if out.finished:
-                done[out.request_id] = (out, now)
-    sync()
-    total = time.perf_counter() - t0
-    engine.step, engine.scheduler.schedule = log.step, log.schedule
-    gen = sum(len(done[str(i)][0].outputs[0].token_ids) for i in range(len(prompts)))
-    itl = [(done[str(i)][1] - first[str(i)]) / max(1, max_tokens[i] - 1) for i in range(len(prompts))]
-    return [done[str(i)][0] for i in range(len(prompts))], {
-        "seconds": total, "output_tok_per_s": gen / total, "ttft_mean_s": sum(first.values()) / len(first),
-        "itl_mean_ms": 1e3 * sum(itl) / len(itl), "generated_tokens": gen,
-        "steps": log.summary(t0, t0 + total)}
-
-
-def key(out, k: int):
-    c = out.outputs[0]
-    return c.token_ids[:k], torch.tensor(c.token_logprobs[:k], dtype=torch.float32).view(torch.int32).tolist()
-
-
-def invariance(engine, prompts, outs, picks, k: int) -> int:
-    """Requests re-run alone (first k tokens, same seed) vs inside the full load: how many differ."""
-    bad = 0
-    for i in picks:
-        engine.add_request(f"alone-{i}", prompts[i], SamplingParams(temperature=0.8, seed=i, max_tokens=k,
-                                                                    logprobs=0, ignore_eos=True))
-        out = None
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                out = o if o.finished else out
-        bad += key(out, k) != key(outs[i], k)
-    return bad
+def make_engine(loaded, mode: str, policy: str, **kw):
+    return engine_for(loaded, mode, policy, DEVICE, cuda_graphs=kw.get("graphs", GRAPHS),
+                      async_scheduling=kw.get("async_scheduling"), kv_cache_tokens=kw.get("kv_tokens"),
+                      max_num_batched_tokens=kw.get("budget", MAX_NUM_BATCHED_TOKENS))
 
 
 def decode_step_ms(engine, prompt_len: int = 512, steps: int = 64) -> float:
@@ -149,15 +83,9 @@ def hf_generate(shape: dict, batch: int, in_len: int, out_len: int) -> float:
 def engine_batch64(loaded, shape: dict, out_len: int) -> float:
     """The HF comparison's workload (64 prompts of 512 tokens, out_len each) through the deterministic engine."""
     with deterministic_runtime():
-        engine = make_engine(loaded, "deterministic", "dynamic", kv_tokens=None if DEVICE == "cuda" else 65536)
-        prompts, _ = workload(64, 1, (512, 512), (1, 1), shape["vocab_size"])
-        _, stats = run_load(engine, prompts, [out_len] * 64)
+        engine = make_engine(loaded, "deterministic", "dynamic", kv_tokens=kv_tokens_for(DEVICE))
+        _, stats = run_load(engine, workload(64, 1, (512, 512), (out_len, out_len), shape["vocab_size"]))
     return stats["output_tok_per_s"]
-
-
-def workload_bound(config: ModelConfig, prompts, max_tokens, dtype):
-    return roofline(config, [len(p) for p in prompts], max_tokens, torch.empty((), dtype=dtype).element_size(),
-                    max_num_seqs=256)
 
 
 def weights_floor_ms(loaded) -> float:
@@ -182,27 +110,20 @@ def main() -> None:
     DEVICE, GRAPHS = args.device, not args.no_graphs
     args.out.mkdir(parents=True, exist_ok=True)
     shape = SHAPES[args.shape]
-    config = ModelConfig(**shape)
-    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-    model = random_model(config, get_ops("fast", DEVICE), dtype, seed=0)
-    loaded = LoadedModel(model, NullTokenizer(), config, f"random-{args.shape}", Path("."))
+    loaded = random_shape_model(args.shape, DEVICE)
     out_range = (16, 32) if args.quick else (128, 512)
-    prompts, max_tokens = workload(args.requests, 0, (128, 1024), out_range, shape["vocab_size"])
-    picks = list(range(0, args.requests, max(1, args.requests // 8)))[:8]
+    work = workload(args.requests, 0, (128, 1024), out_range, shape["vocab_size"])
+    chosen = picks(args.requests, 8)
     report = {"shape": args.shape, "requests": args.requests, "cuda_graphs": GRAPHS, "modes": {}}
-    bound = workload_bound(config, prompts, max_tokens, dtype)
-    report["roofline"] = {"prefill_s": bound.prefill_s, "decode_s": bound.decode_s, "total_s": bound.total_s,
-                          "decode_steps": bound.decode_steps}
+    bound = workload_bound(loaded.config, work, loaded.model.dtype, DEVICE, max_num_seqs=256)
+    report["roofline"] = bound
     for mode, policy in (run.split("/") for run in args.modes.split(",")):
         with deterministic_runtime() if mode == "deterministic" else contextlib.nullcontext():
-            engine = make_engine(loaded, mode, policy.removesuffix("+sync"), kv_tokens=None if DEVICE == "cuda" else 65536,
+            engine = make_engine(loaded, mode, policy.removesuffix("+sync"), kv_tokens=kv_tokens_for(DEVICE),
                                  async_scheduling=False if policy.endswith("+sync") else None)
-            run_load(engine, prompts[:4], [4] * 4)  # warm-up: compile kernels
-            outs, stats = run_load(engine, prompts, max_tokens)
-            stats["alone_vs_loaded_mismatches"] = invariance(engine, prompts, outs, picks, 16)
-            stats["checked"] = len(picks)
+            stats = measure(engine, work, chosen)
             stats["batch1_decode_ms"] = decode_step_ms(engine)
-            stats["of_roofline"] = bound.total_s / stats["seconds"]
+            stats["of_roofline"] = of_roofline(bound, stats["seconds"])
         report["modes"][f"{mode}/{policy}"] = stats
         print(mode, policy, json.dumps(stats), flush=True)
         (args.out / "e2e.json").write_text(json.dumps(report, indent=2))  # partial results survive a timeout
@@ -215,7 +136,7 @@ def main() -> None:
         fast = report["modes"]["fast/dynamic"]["output_tok_per_s"]
         report["deterministic_tax"] = 1 - report["modes"]["deterministic/dynamic"]["output_tok_per_s"] / fast
     if not args.skip_hf:
-        del model, loaded
+        del loaded
         torch.cuda.empty_cache()
         try:
             report["hf_generate_b64_tok_per_s"] = hf_generate(shape, 64, 512, 32 if args.quick else 128)
@@ -234,20 +155,15 @@ def print_table(report: dict) -> None:
     for c in ("mode", "tok/s", "of roofline", "TTFT s", "ITL ms", "b1 decode ms", "alone≠loaded"):
         t.add_column(c)
     for name, s in report["modes"].items():
-        t.add_row(name, f"{s['output_tok_per_s']:.0f}", f"{s['of_roofline']:.2f}", f"{s['ttft_mean_s']:.2f}",
+        t.add_row(name, f"{s['output_tok_per_s']:.0f}", roofline_cell(s["of_roofline"]), f"{s['ttft_mean_s']:.2f}",
                   f"{s['itl_mean_ms']:.1f}",
                   f"{s['batch1_decode_ms']:.2f}", f"{s['alone_vs_loaded_mismatches']}/{s['checked']}")
     Console().print(t)
-    steps = Table(title="time inside engine.step, by the kind of step launched")
-    for c in ("mode", "kind", "steps", "seconds", "mean ms", "mean tokens", "mean rows"):
-        steps.add_column(c)
-    for name, s in report["modes"].items():
-        for kind, k in s["steps"]["by_kind"].items():
-            steps.add_row(name, kind, str(k["steps"]), f"{k['seconds']:.2f}", f"{k['mean_ms']:.1f}",
-                          f"{k['mean_tokens']:.0f}", f"{k['mean_rows']:.0f}")
-    Console().print(steps)
-    print(f"roofline {report['roofline']['total_s']:.2f} s (prefill {report['roofline']['prefill_s']:.2f}, decode "
-          f"{report['roofline']['decode_s']:.2f}); weights floor {report['weights_floor_ms']:.2f} ms; "
+    Console().print(steps_table(report["modes"]))
+    r = report["roofline"]
+    bound = (f"roofline {r['total_s']:.2f} s (prefill {r['prefill_s']:.2f}, decode {r['decode_s']:.2f})"
+             if r["total_s"] is not None else f"roofline n/a ({r['reason']})")
+    print(f"{bound}; weights floor {report['weights_floor_ms']:.2f} ms; "
           f"deterministic tax {report.get('deterministic_tax', float('nan')):.1%}; "
           f"engine b64 {report['engine_b64_tok_per_s']:.0f} tok/s; "
           f"HF generate b64 {report.get('hf_generate_b64_tok_per_s', float('nan')):.0f} tok/s")

@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from samebits.cli.options import CONTEXT, field_flags, positional, with_flags
+from samebits.cli.options import CONTEXT, field_flags, flag, positional, with_flags
+from samebits.diagnostics.bench.config import BenchConfig
 from samebits.diagnostics.lint.command import lint_command
 from samebits.modes import check_mode
 from samebits.server.config import ServerConfig
@@ -308,6 +309,31 @@ def rl_demo(
     from samebits.cli.rl_demo import rl_demo_command
 
     rl_demo_command(steps, prompts, group, max_tokens, lr, seed, plot_path, json_path, fail)
+
+
+BENCH_HELP = {
+    "model": "Model name or path (default: the built-in smollm2-135m).",
+    "random_shape": "Random weights of this shape instead of a model: tiny, 1b or 8b (no files).",
+    "mode": "deterministic, fast, or both (then the deterministic-mode tax too).",
+    "requests": "Requests, all submitted at once.",
+    "prompt_tokens": "MIN MAX prompt tokens per request (random ids, uniform).",
+    "output_tokens": "MIN MAX output tokens per request (exactly that many: eos ignored).",
+    "rerun_alone": "Requests re-run alone and compared bit for bit with their run inside the load.",
+    "device": "cpu or cuda (default: cuda where available). On a CPU start small: --requests 8.",
+    "seed": "Seed of the workload and of each request's sampling.",
+}
+BENCH_FLAGS = field_flags(BenchConfig(), BENCH_HELP) + [
+    flag("json_path", None, Path | None, "Write the full report as JSON.")]
+
+
+@app.command()
+@with_flags(BENCH_FLAGS)
+def bench(values: dict):
+    """Throughput, TTFT, ITL and achieved/roofline of a workload in each mode; requests re-run alone, bit for bit."""
+    from samebits.diagnostics.bench.command import bench_command
+
+    json_path = values.pop("json_path")
+    bench_command(values, json_path, fail)
 
 
 SERVE_HELP = {

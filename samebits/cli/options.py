@@ -8,19 +8,22 @@ import typing
 
 import typer
 
-# Repeatable flags are named for one value (`--api-key A --api-key B` fills `api_keys`).
-FLAG_NAMES = {"api_keys": "--api-key"}
+# Flags not spelled as their field: a repeatable one is named for one value (`--api-key A --api-key B` fills
+# `api_keys`); an output file's is its format's.
+FLAG_NAMES = {"api_keys": "--api-key", "json_path": "--json"}
 
 
 def field_flags(config, help: dict[str, str], skip: tuple[str, ...] = ()) -> list[inspect.Parameter]:
     """One keyword parameter per field of the dataclass instance `config`, its value the flag's default."""
     hints = typing.get_type_hints(type(config))
-    return [_flag(f.name, getattr(config, f.name), hints[f.name], help.get(f.name))
+    return [flag(f.name, getattr(config, f.name), hints[f.name], help.get(f.name))
             for f in dataclasses.fields(config) if f.name not in skip]
 
 
-def _flag(name: str, default, hint, help: str | None) -> inspect.Parameter:
-    if typing.get_origin(hint) is tuple:  # typer's tuples have a fixed length; a repeated flag gives a list
+def flag(name: str, default, hint, help: str | None) -> inspect.Parameter:
+    """One keyword parameter: a typer option named for `name` (or FLAG_NAMES[name])."""
+    if typing.get_origin(hint) is tuple and typing.get_args(hint)[-1] is Ellipsis:
+        # typer's tuples have a fixed length (`--prompt-tokens 128 1024`); a repeated flag gives a list
         hint, default = list[typing.get_args(hint)[0]], list(default)
     decls = (FLAG_NAMES[name],) if name in FLAG_NAMES else ()
     option = typer.Option(default, *decls, help=help, show_default=default is not None)

@@ -10,6 +10,8 @@ from rich.table import Table
 from samebits.cli.demo import QUESTIONS, ModeResult, _table
 from samebits.cli.main import cut_table, drift_table, field_table, models_table
 from samebits.cli.rl_demo import HEADER, _line
+from samebits.diagnostics.bench.report import lines as bench_lines
+from samebits.diagnostics.bench.report import mode_table, steps_table
 from samebits.diagnostics.check.report import table as check_table
 from samebits.diagnostics.report import table as probe_table
 
@@ -100,8 +102,34 @@ def check_report_table():
     return check_table(report)
 
 
+def _bench_report(roofline: dict) -> dict:
+    """The widest numbers a bench row shows: hours of wall time, 5-digit tok/s, every request checked."""
+    kinds = {k: {"steps": 12345, "seconds": 1234.56, "mean_ms": 12345.6, "mean_tokens": 8192, "mean_rows": 256}
+             for k in ("decode", "mixed", "prefill", "empty")}
+    stats = {"output_tok_per_s": 12345.6, "ttft_mean_s": 123.45, "itl_mean_ms": 1234.5, "seconds": 12345.67,
+             "of_roofline": 0.4812, "alone_vs_loaded_mismatches": 256, "checked": 256,
+             "steps": {"steps": 123456, "in_step_s": 12000.0, "between_steps_s": 345.67, "by_kind": kinds}}
+    return {"model": "/home/someone/models/Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf", "device": "cuda",
+            "workload": {"requests": 65536}, "roofline": roofline, "deterministic_tax": -0.0213,
+            "modes": {"deterministic": stats, "fast": {**stats, "of_roofline": None}}}
+
+
+H200_BOUND = {"device": "NVIDIA H200", "dtype": "bfloat16", "total_s": 6.05, "prefill_s": 2.45, "decode_s": 3.6,
+              "peak_flops": 790e12, "peak_bytes": 4.3e12}
+UNKNOWN_BOUND = {"device": "NVIDIA H100 80GB HBM3", "dtype": "bfloat16", "total_s": None}
+
+
+def bench_table():
+    return mode_table(_bench_report(H200_BOUND))
+
+
+def bench_steps_table():
+    return steps_table(_bench_report(H200_BOUND)["modes"])
+
+
 TABLES = {"fingerprint": fingerprint_table, "env --check": env_table, "verify-lock": lock_drift_table,
-          "models": cached_models_table, "demo": demo_table, "probe": probes_table, "check": check_report_table}
+          "models": cached_models_table, "demo": demo_table, "probe": probes_table, "check": check_report_table,
+          "bench": bench_table, "bench steps": bench_steps_table}
 
 
 @pytest.mark.parametrize("command", sorted(TABLES))
@@ -116,6 +144,12 @@ def test_rl_demo_lines_fit_80_columns():
                              ratio_max=1.0000002)
     lines = [*HEADER.splitlines(), *_line(999, [SimpleNamespace(parity=parity, alarm=True, reward=0.5)] * 2).split("\n")]
     assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+
+
+@pytest.mark.parametrize("bound", [H200_BOUND, UNKNOWN_BOUND])
+def test_bench_lines_fit_80_columns(bound):
+    lines = bench_lines(_bench_report(bound))
+    assert len(lines) == 4 and max(len(line) for line in lines) <= 80, "\n".join(lines)
 
 
 def test_negative_control_a_plain_table_of_the_same_values_folds():

@@ -1,22 +1,32 @@
 """Each engine step's wall time, by the kind of step it launched (prefill, decode, mixed): where a run's time goes.
 
 With async scheduling a step launches step N+1 and reads back step N, so a row's time is that of the call that
-launched its schedule; summed by kind it still adds up to the time spent inside `engine.step`.
+launched its schedule; summed by kind it still adds up to the time spent inside `engine.step`. What is left of the
+wall time is the caller's, between steps: host work the engine does not see.
 """
 from __future__ import annotations
 
 import statistics
 import time
+from typing import Self
 
 
 class StepLog:
-    """engine.step and engine.scheduler.schedule wrapped: (start, seconds, kind, batched tokens, rows) per step."""
+    """`with StepLog(engine) as log:` engine.step and engine.scheduler.schedule wrapped, restored on exit; a row
+    (start, seconds, kind, batched tokens, rows) per step."""
 
     def __init__(self, engine) -> None:
+        self.engine = engine
         self.step, self.schedule = engine.step, engine.scheduler.schedule
         self.rows: list[tuple[float, float, str, int, int]] = []
         self._launched: list = []
-        engine.step, engine.scheduler.schedule = self, self._scheduled
+
+    def __enter__(self) -> Self:
+        self.engine.step, self.engine.scheduler.schedule = self, self._scheduled
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.engine.step, self.engine.scheduler.schedule = self.step, self.schedule
 
     def _scheduled(self):
         out = self.schedule()

@@ -1,0 +1,42 @@
+"""The workload's roofline on this device (diagnostics/roofline.py) at the device's measured peaks, or why there is
+none: peaks are known only where they were measured, by device name and dtype."""
+from __future__ import annotations
+
+from samebits.diagnostics.bench.workload import Workload
+from samebits.diagnostics.roofline import H200_PEAK_BYTES, H200_PEAK_FLOPS, roofline
+from samebits.models.config import ModelConfig
+
+# (torch.cuda.get_device_name, dtype) -> (matrix FLOP/s, HBM bytes/s), measured on that device (docs/BENCHMARKS.md).
+# Another name (an H200 NVL, an H100) or dtype has other ceilings: no roofline rather than a wrong one.
+PEAKS = {("NVIDIA H200", "bfloat16"): (H200_PEAK_FLOPS, H200_PEAK_BYTES)}
+
+
+def device_name(device) -> str:
+    import torch
+
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def workload_bound(config: ModelConfig, work: Workload, dtype, device, max_num_seqs: int) -> dict:
+    """Seconds the workload cannot beat here (None with a `reason` where this device's peaks are unknown)."""
+    import torch
+
+    name, dtype_name = device_name(device), str(dtype).removeprefix("torch.")
+    peaks = PEAKS.get((name, dtype_name))
+    if peaks is None:
+        known = ", ".join(f"{n} {d}" for n, d in PEAKS)
+        return {"device": name, "dtype": dtype_name, "peak_flops": None, "peak_bytes": None, "prefill_s": None,
+                "decode_s": None, "total_s": None, "decode_steps": None,
+                "reason": f"no measured peaks for {name} {dtype_name} (known: {known})"}
+    bound = roofline(config, [len(p) for p in work.prompts], work.max_tokens,
+                     torch.empty((), dtype=dtype).element_size(), max_num_seqs=max_num_seqs,
+                     peak_flops=peaks[0], peak_bytes=peaks[1])
+    return {"device": name, "dtype": dtype_name, "peak_flops": peaks[0], "peak_bytes": peaks[1],
+            "prefill_s": bound.prefill_s, "decode_s": bound.decode_s, "total_s": bound.total_s,
+            "decode_steps": bound.decode_steps, "reason": None}
+
+
+def of_roofline(bound: dict, seconds: float) -> float | None:
+    """Achieved / roofline as a share: the roofline's time over the run's (1.0 = at the GPU's limit)."""
+    return None if bound["total_s"] is None else bound["total_s"] / seconds
