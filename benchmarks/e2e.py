@@ -103,6 +103,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu only for a smoke run with --shape tiny")
     ap.add_argument("--no-graphs", action="store_true", help="decode eagerly (no CUDA graphs)")
     ap.add_argument("--modes", default=",".join(RUNS), help=f"comma-separated, of {','.join(RUNS)}")
+    ap.add_argument("--warm", action="store_true", help="one untimed pass of the workload first (BenchConfig.warm)")
     args = ap.parse_args()
     if unknown := set(args.modes.split(",")) - set(RUNS):
         ap.error(f"--modes: unknown {sorted(unknown)}; choose from {', '.join(RUNS)}")
@@ -121,7 +122,7 @@ def main() -> None:
         with deterministic_runtime() if mode == "deterministic" else contextlib.nullcontext():
             engine = make_engine(loaded, mode, policy.removesuffix("+sync"), kv_tokens=kv_tokens_for(DEVICE),
                                  async_scheduling=False if policy.endswith("+sync") else None)
-            stats = measure(engine, work, chosen)
+            stats = measure(engine, work, chosen, warm=args.warm)
             stats["batch1_decode_ms"] = decode_step_ms(engine)
             stats["of_roofline"] = of_roofline(bound, stats["seconds"])
         report["modes"][f"{mode}/{policy}"] = stats

@@ -115,3 +115,17 @@ def test_the_timed_load_computes_every_prompt_token(report):
     for stats in report["modes"].values():
         batched = sum(k["mean_tokens"] * k["steps"] for k in stats["steps"]["by_kind"].values())
         assert batched == pytest.approx(w["prompt_tokens"] + w["output_tokens"] - w["requests"])
+
+
+def test_a_warm_pass_runs_the_workload_untimed_and_leaves_nothing_cached(loaded):
+    """--warm: a whole untimed pass first (reported as "cold"), then the prefix cache emptied, so the timed load
+    still computes every prompt token."""
+    from samebits.diagnostics.bench.run import measure
+
+    work = bench_workload(CONFIG, loaded.config)
+    with runtime_for("deterministic"):
+        engine = engine_for(loaded, "deterministic", "dynamic", "cpu", kv_cache_tokens=4096)
+        stats = measure(engine, work, [], SEED, warm=True)
+    assert set(stats["cold"]) == {"seconds", "output_tok_per_s", "ttft_mean_s", "itl_mean_ms"}
+    batched = sum(k["mean_tokens"] * k["steps"] for k in stats["steps"]["by_kind"].values())
+    assert batched == pytest.approx(sum(map(len, work.prompts)) + sum(work.max_tokens) - len(work))

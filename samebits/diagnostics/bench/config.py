@@ -42,6 +42,9 @@ class BenchConfig:
     rerun_alone: int = 8
     device: str | None = None
     seed: int = 0
+    # One untimed pass of the whole workload first, the prefix cache emptied after it: compiled kernels and captured
+    # graphs are then those of a server that has run a while (a cold pass pays Triton's compiles in its steps).
+    warm: bool = False
 
     def __post_init__(self) -> None:
         if self.model is not None and self.random_shape is not None:
@@ -55,6 +58,8 @@ class BenchConfig:
         _range("output_tokens", self.output_tokens)
         _int_in("rerun_alone", self.rerun_alone, 0, self.requests)
         _int_in("seed", self.seed, 0, SEED_LIMIT - 1)
+        if not isinstance(self.warm, bool):
+            raise ValueError(f"--warm is a switch, got {self.warm!r}")  # noqa: TRY004 - the CLI reports ValueErrors
 
     @property
     def modes(self) -> tuple[str, ...]:

@@ -44,10 +44,17 @@ def engine_for(loaded, mode: str, policy: str, device: str, cuda_graphs: bool = 
 
 
 def measure(engine, work: Workload, chosen: list[int], seed: int = 0,
-            advance: Callable[[int], None] | None = None) -> dict:
-    """A warm-up, the timed load, then the chosen requests re-run alone; `advance(n)` as n of them are done."""
+            advance: Callable[[int], None] | None = None, warm: bool = False) -> dict:
+    """A warm-up (with `warm`, the whole workload untimed), the timed load, then the chosen requests re-run alone;
+    `advance(n)` as n of them are done."""
     run_load(engine, work.warmup(WARMUP_REQUESTS, WARMUP_TOKENS))
+    cold = None
+    if warm:
+        cold = run_load(engine, work, seed)[1]
+        engine.scheduler.reset_prefix_cache()  # the timed load must compute every prompt token again
     outs, stats = run_load(engine, work, seed, advance)
+    if cold is not None:
+        stats["cold"] = {key: cold[key] for key in ("seconds", "output_tok_per_s", "ttft_mean_s", "itl_mean_ms")}
     stats["alone_vs_loaded_mismatches"] = alone_vs_loaded(engine, work, outs, chosen, seed,
                                                           checked=None if advance is None else lambda: advance(1))
     stats["checked"] = len(chosen)
@@ -86,7 +93,8 @@ def run_bench(config: BenchConfig, loaded, work: Workload, device: str, bar) -> 
         task = bar.add_task(f"{mode}: {len(work)} requests, {len(chosen)} re-run alone",
                             total=len(work) + len(chosen))
         with runtime_for(mode):
-            stats = _measure_mode(loaded, mode, device, work, chosen, config.seed, functools.partial(bar.advance, task))
+            stats = _measure_mode(loaded, mode, device, work, chosen, config.seed, functools.partial(bar.advance, task),
+                                  config.warm)
             report["fingerprints"][mode] = fingerprint(mode, None, loaded.numerics())  # what produced these bits
         stats["of_roofline"] = of_roofline(report["roofline"], stats["seconds"])
         report["modes"][mode] = stats
@@ -104,13 +112,14 @@ def _header(config: BenchConfig, loaded, work: Workload, device: str) -> dict:
             "modes": {}, "fingerprints": {}}
 
 
-def _measure_mode(loaded, mode: str, device: str, work: Workload, chosen: list[int], seed: int, advance) -> dict:
+def _measure_mode(loaded, mode: str, device: str, work: Workload, chosen: list[int], seed: int, advance,
+                  warm: bool) -> dict:
     """One engine, dropped on return: the next mode's KV pool is sized from the memory this one frees."""
     import torch
 
     engine = engine_for(loaded, mode, "dynamic", device, kv_cache_tokens=kv_tokens_for(device))
     try:
-        return measure(engine, work, chosen, seed, advance)
+        return measure(engine, work, chosen, seed, advance, warm)
     finally:
         del engine
         if torch.cuda.is_available():
