@@ -28,7 +28,7 @@ for step in $steps; do
     probe) python3 -m samebits probe --device cuda --full --json "$OUT/probe.h200.json" --plot "$OUT/probe.h200.png" ;;
     kernels) python3 benchmarks/kernels.py --out "$OUT" ;;
     attention) python3 benchmarks/attention.py --out "$OUT" ;;
-    e2e) python3 benchmarks/e2e.py --out "$OUT" ;;
+    e2e) python3 benchmarks/e2e.py --out "$OUT" --warm ;;
     e2e-quick) python3 benchmarks/e2e.py --out "$OUT" --quick --requests 64 --skip-hf ;;
     server) python3 benchmarks/server.py --random-shape 8b --solo-budget-s 60 --out "$OUT" ;;
     steps) python3 benchmarks/steps.py --out "$OUT" ;;
