@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 
 from samebits.engine.config import EngineConfig
 from samebits.engine.outputs import RequestOutput
 from samebits.engine.prompts import normalize_prompts, render_chat
-from samebits.engine.sampling_params import SamplingParams, check_vocab
+from samebits.engine.sampling_params import RequestOutputKind, SamplingParams, check_vocab
 
 
 class LLM:
@@ -92,6 +93,8 @@ class LLM:
 
     def _add(self, token_ids, params, text) -> str:
         request_id = str(next(self._ids))
+        # As vLLM's LLM: only the finished output is read, so no step builds the others.
+        params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
         self.engine.add_request(request_id, token_ids, params, prompt=text)
         return request_id
 

@@ -11,7 +11,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from samebits.engine.outputs import CompletionOutput, PromptLogprobs, PromptStepResult, RequestOutput, StepResult
+from samebits.engine.sampling_params import RequestOutputKind
 from samebits.engine.sequence import Finish, Sequence, ends_by_length
+
+_FINAL_ONLY = RequestOutputKind.FINAL_ONLY
 
 
 @dataclass
@@ -154,9 +157,14 @@ class OutputProcessor:
 
     # ---- outputs -------------------------------------------------------------------------------------------
     def outputs(self) -> list[RequestOutput]:
-        """The cumulative output of every request the last steps touched; finished requests are then forgotten."""
+        """The cumulative output of every request the last steps touched, except unfinished FINAL_ONLY ones (their
+        output is built once, when it is whole); finished requests are then forgotten."""
         touched, self._touched = list(self._touched), {}
-        return [self._output(request_id) for request_id in touched]
+        return [self._output(request_id) for request_id in touched if self._due(self.requests[request_id])]
+
+    @staticmethod
+    def _due(req: _Request) -> bool:
+        return req.seqs[0].params.output_kind is not _FINAL_ONLY or all(s.is_finished for s in req.seqs)
 
     def _output(self, request_id: str) -> RequestOutput:
         req = self.requests[request_id]

@@ -1,6 +1,7 @@
 """Per-request sampling parameters, validated once so the engine never sees a bad value."""
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, fields
 from functools import cached_property
@@ -14,8 +15,17 @@ BIAS_LIMIT = 100.0
 
 # vLLM SamplingParams names samebits does not implement, so passing one names the gap instead of "unknown".
 NOT_IMPLEMENTED = ("bad_words", "logits_processors", "truncate_prompt_tokens",
-                   "guided_decoding", "structured_outputs", "spaces_between_special_tokens", "best_of", "output_kind",
+                   "guided_decoding", "structured_outputs", "spaces_between_special_tokens", "best_of",
                    "detokenize", "extra_args")
+
+
+class RequestOutputKind(enum.IntEnum):
+    """vLLM's: which outputs a request's steps return. CUMULATIVE, every step the whole output so far; FINAL_ONLY,
+    the finished output alone (what the offline API needs, and it saves building the others)."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 def _is_int(value) -> bool:
@@ -57,6 +67,7 @@ class SamplingParams:
     # The prompt tokens' logprobs and that many top alternatives, computed in the prefill (engine/prompt_logprobs.py),
     # bit-equal to what decoding reports for the same tokens; the request then skips the prefix cache.
     prompt_logprobs: int | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __new__(cls, *args, **kwargs):
         # The dataclass __init__'s TypeError names neither the valid names nor whether vLLM has the unknown one.
@@ -74,6 +85,10 @@ class SamplingParams:
         self._check_counts()
         self._check_stops()
         self._check_adjustments()
+        kind = self.output_kind
+        _require(isinstance(kind, RequestOutputKind) and kind is not RequestOutputKind.DELTA,
+                 f"output_kind must be RequestOutputKind.CUMULATIVE or FINAL_ONLY (DELTA is not implemented), "
+                 f"got {kind!r}")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             value = getattr(self, name)
             _require(isinstance(value, bool), f"{name} must be a bool, got {value!r}")

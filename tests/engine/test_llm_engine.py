@@ -108,3 +108,27 @@ def test_include_stop_str_and_special_tokens_end_to_end(llm):
     assert kept.text == full[:full.find(stop) + len(stop)] and kept.stop_reason == stop
     raw = llm.generate(["hello world"], SamplingParams(**base, skip_special_tokens=False), use_tqdm=False)[0].outputs[0]
     assert raw.text == llm.tokenizer.decode(raw.token_ids, skip_special_tokens=False)
+
+
+def test_final_only_returns_the_finished_output_alone_with_the_cumulative_bits(llm):
+    """RequestOutputKind.FINAL_ONLY (what LLM.generate asks for): one output, the finished one, equal bit for bit to
+    the last cumulative output of the same request; a CUMULATIVE neighbour still gets every step's (the control)."""
+    import struct
+
+    from samebits.engine.sampling_params import RequestOutputKind
+    from tests.engine.drive import drive
+
+    kw = {"temperature": 1.0, "seed": 11, "max_tokens": 12, "logprobs": 2, "ignore_eos": True}
+    seen: dict[str, int] = {}
+    final = drive(llm.engine, [([5, 6, 7], SamplingParams(**kw, output_kind=RequestOutputKind.FINAL_ONLY)),
+                               ([5, 6, 7], SamplingParams(**kw))],
+                  on_output=lambda out: seen.__setitem__(out.request_id, seen.get(out.request_id, 0) + 1))
+    assert seen["r0"] == 1 and seen["r1"] == 12
+    a, b = (final[r].outputs[0] for r in ("r0", "r1"))
+
+    def bits(values):
+        return [struct.pack("<d", v) for v in values]
+
+    assert (a.token_ids, a.text, a.top_logprobs) == (b.token_ids, b.text, b.top_logprobs)
+    assert bits(a.token_logprobs) == bits(b.token_logprobs)
+    assert bits([a.cumulative_logprob]) == bits([b.cumulative_logprob])

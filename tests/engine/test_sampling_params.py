@@ -118,3 +118,13 @@ def test_context_length_names_the_field_to_blame():
     with pytest.raises(ContextLengthError, match=r"requested 17 tokens \(10 in the messages, 7 in") as e:
         check_context_length(10, 7, 16, where="messages")
     assert e.value.param == "max_tokens" and isinstance(e.value, ValueError)
+
+
+def test_output_kind_is_vllms_enum_and_delta_is_refused():
+    from samebits.engine.sampling_params import RequestOutputKind
+
+    assert SamplingParams().output_kind is RequestOutputKind.CUMULATIVE
+    assert SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY).output_kind == 2
+    for bad in (RequestOutputKind.DELTA, "final_only", 2):
+        with pytest.raises(ValueError, match="output_kind must be RequestOutputKind.CUMULATIVE or FINAL_ONLY"):
+            SamplingParams(output_kind=bad)
