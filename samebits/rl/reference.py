@@ -3,8 +3,8 @@
 Each function computes what the invariant op of the same name computes, in plain torch ops that autograd knows, so
 its gradient is the op's gradient; its bits may differ from the op's (it is only ever differentiated, never used as
 a forward). The norms and softmaxes are the fast backend's (kernels/vendor.py); RoPE is the torch op of
-kernels/rope.py, silu_and_mul that of kernels/activation.py; attention is spelled out per sequence, dense and causal, because the trainer's batches are whole
-sequences (no cached prefix).
+kernels/rope.py, silu_and_mul that of kernels/activation.py; attention is spelled out per sequence, dense and causal,
+because the trainer's batches are whole sequences (no cached prefix).
 """
 from __future__ import annotations
 
