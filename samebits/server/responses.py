@@ -5,6 +5,7 @@ and a float64 holding a float32 value converts back to the same float32 bits, so
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable
@@ -41,11 +42,9 @@ def completion_logprobs(tok: Callable[[int], str], ids: list[int], lps: list[flo
                         tops: list[dict] | None, offset: int) -> dict:
     """The legacy completions shape: parallel lists of tokens, logprobs, top alternatives and text offsets."""
     tokens = [tok(t) for t in ids]
-    offsets = []
-    for s in tokens:
-        offsets.append(offset)
-        offset += len(s)
-    top = None if tops is None else [{tok(k): lp(v) for k, v in _items(d)} for d in tops]
+    offsets = list(itertools.accumulate([len(s) for s in tokens[:-1]], initial=offset)) if tokens else []
+    # logprobs=0 leaves every step's alternatives empty: the common case, which needs no sort.
+    top = None if tops is None else [{tok(k): lp(v) for k, v in _items(d)} if d else {} for d in tops]
     return {"tokens": tokens, "token_logprobs": [lp(v) for v in lps], "top_logprobs": top, "text_offset": offsets}
 
 
