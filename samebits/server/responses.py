@@ -97,7 +97,7 @@ def safe_text(text: str, stops: list[str], finished: bool) -> str:
     end = len(text)
     while end > 0 and text[end - 1] == "\ufffd":
         end -= 1
-    hold = max((_overlap(text[:end], s) for s in stops), default=0)
+    hold = max((_overlap(text[:end], s) for s in stops), default=0) if stops else 0
     return text[:end - hold]
 
 
@@ -274,7 +274,9 @@ class StreamWriter:
         events = [_sse(c) for c in self._echo(i, out)] if self.echo_waits and i not in self.prefix_len else []
         for c in out.outputs:
             index = _choice_index(self.job, i, c)
-            cursor = self.cursors.setdefault(index, ChoiceCursor())
+            cursor = self.cursors.get(index)
+            if cursor is None:
+                cursor = self.cursors[index] = ChoiceCursor()
             offset = self.prefix_len.get(i, 0) + cursor.chars
             step = cursor.advance(c, self.job.stops)
             if step is not None:
