@@ -22,8 +22,13 @@ from samebits.server.state import ServerState
 NEG_INF_LOGPROB = -9999.0
 
 
+# One encoder for every body and chunk: json.dumps with these options builds a new one per call, which costs more
+# than encoding a token's logprobs.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _ENCODER.encode(obj)
 
 
 def lp(value: float) -> float:

@@ -57,8 +57,10 @@ def _writer(kind: str, logprobs: bool, echo_only: bool = False, n: int = 2):
 
 
 def _reference(w, index: int, c, ids: list[int], start: int, text: str, offset: int) -> bytes:
-    """The event as it was built before: the choice's dict in the chunk's dict, through dumps."""
-    from samebits.server.responses import _chat_logprobs, _sse, _text_logprobs
+    """The event as it was built before: the choice's dict in the chunk's dict, through json.dumps itself."""
+    import json
+
+    from samebits.server.responses import _chat_logprobs, _text_logprobs
 
     finish = c.finish_reason if c.finish_reason is not None and start + len(ids) == len(c.token_ids) else None
     if w.job.echo_only:
@@ -70,7 +72,8 @@ def _reference(w, index: int, c, ids: list[int], start: int, text: str, offset: 
     else:
         lps = _text_logprobs(w.state, c, ids, start, offset) if w.job.logprobs else None
         choice = {"index": index, "text": text, "logprobs": lps, "finish_reason": finish, "token_ids": ids}
-    return _sse({**w._head(), "choices": [choice]})
+    chunk = {**w._head(), "choices": [choice]}
+    return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'), allow_nan=False)}\n\n".encode()
 
 
 def _random_output(rng, length: int, top_k: int | None, finish):
