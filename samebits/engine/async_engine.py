@@ -56,11 +56,16 @@ class _Stream:
         self.latest: Any = None
         self.error: BaseException | None = None
         self.closed = False
-        self.started = False
         self.final_only = final_only
         self.generated = 0
         self.arrival = time.monotonic()
+        self.first_output: float | None = None  # time.monotonic() when its first and its latest output arrived
+        self.last_output: float | None = None
         self.event = asyncio.Event()
+
+    @property
+    def started(self) -> bool:
+        return self.first_output is not None
 
     def put(self, out) -> None:
         self.latest = out
@@ -127,7 +132,9 @@ class AsyncEngine:
         # Latency hooks (seconds since admission), called on the event loop: the server's histograms.
         self.on_first_output: Callable[[float], None] | None = None
         self.on_finished: Callable[[float], None] | None = None
-        self.on_output: Callable[[Any, _Stream], None] | None = None  # every output, with its stream: per-token metrics
+        # on_step(now, entries): once per engine step, on the event loop, for the per-token series; an entry is
+        # (output, its stream, tokens new since its last output, seconds since its last output or None if first).
+        self.on_step: Callable[[float, list[tuple[Any, _Stream, int, float | None]]], None] | None = None
         self.stats: EngineStats | None = None
         self._idle_poll_s = idle_poll_s
         self._commands: collections.deque = collections.deque()
@@ -252,26 +259,31 @@ class AsyncEngine:
         return future
 
     def _dispatch(self, outputs: list) -> None:
+        now = time.monotonic()  # one clock read for the step: every output of it reached the loop together
+        entries = []
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
-            self._count(stream, out)
+            entries.append(self._count(stream, out, now))
             if out.finished or not stream.final_only:
                 stream.put(out)
+        if entries and self.on_step is not None:
+            self.on_step(now, entries)
 
-    def _count(self, stream: _Stream, out) -> None:
-        generated = sum(len(o.token_ids) for o in out.outputs)
-        self.counters.generation_tokens += generated - stream.generated
-        stream.generated = generated
-        if not stream.started:
-            stream.started = True
-            _call(self.on_first_output, time.monotonic() - stream.arrival)
+    def _count(self, stream: _Stream, out, now: float) -> tuple:
+        generated = sum([len(o.token_ids) for o in out.outputs])
+        new, stream.generated = generated - stream.generated, generated
+        self.counters.generation_tokens += new
+        gap = None if stream.last_output is None else now - stream.last_output
+        stream.last_output = now
+        if stream.first_output is None:
+            stream.first_output = now
+            _call(self.on_first_output, now - stream.arrival)
         if out.finished:
             self.counters.requests_finished += 1
-            _call(self.on_finished, time.monotonic() - stream.arrival)
-        if self.on_output is not None:
-            self.on_output(out, stream)
+            _call(self.on_finished, now - stream.arrival)
+        return out, stream, new, gap
 
     def _fail_all(self, error: BaseException) -> None:
         dead = EngineDead(f"the engine loop has stopped: {type(error).__name__}: {error}")

@@ -72,16 +72,18 @@ class EngineView:
 class ProcessAsyncEngine(AsyncEngine):
     def __init__(self, config: EngineConfig, loaded: Callable[[], Any] | None = None, max_waiting: int = 1024,
                  idle_poll_s: float = 0.5, max_waiting_tokens: int | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S):
+                 start_timeout_s: float = START_TIMEOUT_S, make_engine: Callable[..., Any] | None = None):
         """Start the child and wait for its engine. `loaded`: a picklable factory of the LoadedModel (e.g.
-        functools.partial(models.testing.random_loaded, ...)); None loads `config.model` as LLMEngine does."""
+        functools.partial(models.testing.random_loaded, ...)); None loads `config.model` as LLMEngine does.
+        `make_engine(config, loaded=...)`: a picklable stand-in for LLMEngine (benchmarks/server_cpu.py replays
+        outputs with one, so the server's own CPU is measured without a model)."""
         if config.tensor_parallel_size > 1:  # the child is daemonic (it dies with the server): it cannot spawn ranks
             raise ValueError(f"engine_process needs tensor_parallel_size=1, got {config.tensor_parallel_size}")
         ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
         theirs_in, self._to_child = ctx.Pipe(duplex=False)
         self._from_child, theirs_out = ctx.Pipe(duplex=False)
-        self.process = ctx.Process(target=child_main, args=(config, loaded, theirs_in, theirs_out), daemon=True,
-                                   name="samebits-engine")
+        self.process = ctx.Process(target=child_main, args=(config, loaded, make_engine, theirs_in, theirs_out),
+                                   daemon=True, name="samebits-engine")
         self.process.start()
         theirs_in.close()
         theirs_out.close()
@@ -217,14 +219,15 @@ class ProcessAsyncEngine(AsyncEngine):
 
 
 # ---- the child ---------------------------------------------------------------------------------------------------------
-def child_main(config: EngineConfig, loaded: Callable[[], Any] | None, commands, outputs) -> None:
+def child_main(config: EngineConfig, loaded: Callable[[], Any] | None, make_engine: Callable[..., Any] | None,
+               commands, outputs) -> None:
     from samebits.engine.llm_engine import LLMEngine
     from samebits.runtime import runtime_for
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         with runtime_for(config.mode):
-            engine = LLMEngine(config, loaded=loaded() if loaded is not None else None)
+            engine = (make_engine or LLMEngine)(config, loaded=loaded() if loaded is not None else None)
             outputs.send(("ready", engine.info(), engine.tokenizer, engine.fingerprint(), engine.stats()))
             _serve(engine, commands, outputs)
     except (EOFError, BrokenPipeError):

@@ -11,13 +11,14 @@ first_scheduled_time`, the scheduler's admission), prefill time from there to it
 """
 from __future__ import annotations
 
+import bisect
+import math
 import time
-import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "samebits:"
@@ -83,30 +84,47 @@ class _Alias:
             yield alias
 
 
-@dataclass
-class _Progress:
-    """What the metrics remember of one request between its outputs."""
+class _CountingHistogram:
+    """One series of a labelled histogram, exported as prometheus_client's Histogram exports it, whose observation
+    takes a count: a step's equal inter-token gaps are one call, not one per token."""
 
-    first: float
-    last: float
-    generated: int
+    def __init__(self, name: str, documentation: str, model_name: str, buckets) -> None:
+        self.name, self.documentation, self.model_name = name, documentation, model_name
+        self.bounds = [float(b) for b in buckets] + [math.inf]
+        self.counts = [0.0] * len(self.bounds)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, value: float, count: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += count  # the first bucket with value <= its bound
+        self.sum += value * count
+
+    def collect(self) -> Iterable:
+        family = Metric(self.name, self.documentation, "histogram")
+        labels, total = {MODEL_LABEL: self.model_name}, 0.0
+        for bound, count in zip(self.bounds, self.counts):
+            total += count
+            family.add_sample(self.name + "_bucket", {"le": floatToGoString(bound), **labels}, total)
+        family.add_sample(self.name + "_count", labels, total)
+        family.add_sample(self.name + "_sum", labels, self.sum)
+        family.add_sample(self.name + "_created", labels, self.created)
+        yield family
 
 
 class _RequestMetrics:
-    """The per-output series: inter-token latency per token, and at the end each sample's finish reason and size."""
+    """The per-output series, observed once per engine step: queue and prefill times at a request's first output,
+    inter-token latency per token, and at the end each sample's finish reason and size."""
 
     def __init__(self, registry, model_name: str) -> None:
-        def family(name: str, doc: str, buckets) -> Histogram:
-            return Histogram(PREFIX + name, doc, [MODEL_LABEL], buckets=buckets, registry=registry)
-
         def hist(name: str, doc: str, buckets):
-            return family(name, doc, buckets).labels(model_name)
+            return Histogram(PREFIX + name, doc, [MODEL_LABEL], buckets=buckets, registry=registry).labels(model_name)
 
         # Both of vLLM's names for one series: its dashboard reads the older, its newer releases export the newer.
-        itl = family("inter_token_latency_seconds", "Time between consecutive output tokens.", ITL_BUCKETS)
-        registry.register(_Alias(itl, PREFIX + "time_per_output_token_seconds", "Time between consecutive output "
-                                 "tokens (vLLM's older name for inter_token_latency_seconds)."))
-        self.itl = itl.labels(model_name)
+        self.itl = _CountingHistogram(PREFIX + "inter_token_latency_seconds", "Time between consecutive output "
+                                      "tokens.", model_name, ITL_BUCKETS)
+        registry.register(self.itl)
+        registry.register(_Alias(self.itl, PREFIX + "time_per_output_token_seconds", "Time between consecutive "
+                                 "output tokens (vLLM's older name for inter_token_latency_seconds)."))
         self.decode = hist("request_decode_time_seconds", "Time from a request's first token to its last.",
                            LATENCY_BUCKETS)
         self.queue = hist("request_queue_time_seconds", "Time from a request's arrival to its first scheduling.",
@@ -120,24 +138,24 @@ class _RequestMetrics:
         self._success = Counter(PREFIX + "request_success", "Samples finished, by finish reason.",
                                 [MODEL_LABEL, "finished_reason"], registry=registry)
         self.model_name = model_name
-        # Keyed by the AsyncEngine's stream: an entry goes when its request does, finished or not.
-        self._progress: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def observe(self, out, stream) -> None:
-        now = time.monotonic()
-        generated = sum(len(c.token_ids) for c in out.outputs)
-        seen = self._progress.get(stream)
-        if seen is None:
-            seen = self._progress[stream] = _Progress(now, now, generated)
-            if out.first_scheduled_time is not None:  # both on time.monotonic()
-                self.queue.observe(max(0.0, out.first_scheduled_time - stream.arrival))
-                self.prefill.observe(max(0.0, now - out.first_scheduled_time))
-        else:
-            for _ in range(generated - seen.generated):  # one observation per output token
-                self.itl.observe(now - seen.last)
-            seen.last, seen.generated = now, generated
-        if out.finished:
-            self._finish(out, now - seen.first)
+    def observe_step(self, now: float, entries: list) -> None:
+        """AsyncEngine.on_step: one engine step's outputs, each with its stream, new tokens and gap."""
+        gaps: dict[float, int] = {}
+        for out, stream, new, gap in entries:
+            if gap is None:
+                self._first(out, stream, now)
+            elif new:  # one observation per output token; the outputs of one step mostly share their gap
+                gaps[gap] = gaps.get(gap, 0) + new
+            if out.finished:
+                self._finish(out, now - stream.first_output)
+        for gap, count in gaps.items():
+            self.itl.observe(gap, count)
+
+    def _first(self, out, stream, now: float) -> None:
+        if out.first_scheduled_time is not None:  # both on time.monotonic()
+            self.queue.observe(max(0.0, out.first_scheduled_time - stream.arrival))
+            self.prefill.observe(max(0.0, now - out.first_scheduled_time))
 
     def _finish(self, out, decode_s: float) -> None:
         self.decode.observe(decode_s)
@@ -162,11 +180,10 @@ class Metrics:
         self._http_errors = Counter(PREFIX + "http_errors", "Error responses by status.", [MODEL_LABEL, "status"],
                                     registry=self.registry)
         self.model_name = model_name
-
-        # Observed per engine request by the AsyncEngine, which sees each output first.
+        # Observed by the AsyncEngine, which sees each output first: per request, and per step.
         async_engine.on_first_output = self.ttft.observe
         async_engine.on_finished = self.e2e.observe
-        async_engine.on_output = _RequestMetrics(self.registry, model_name).observe
+        async_engine.on_step = _RequestMetrics(self.registry, model_name).observe_step
 
     def http_error(self, status: int) -> None:
         self._http_errors.labels(self.model_name, str(status)).inc()

@@ -5,10 +5,12 @@ and a float64 holding a float32 value converts back to the same float32 bits, so
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 
 from starlette.responses import Response
 
@@ -20,8 +22,13 @@ from samebits.server.state import ServerState
 NEG_INF_LOGPROB = -9999.0
 
 
+# One encoder for every body and chunk: json.dumps with these options builds a new one per call, which costs more
+# than encoding a token's logprobs.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _ENCODER.encode(obj)
 
 
 def lp(value: float) -> float:
@@ -40,11 +47,9 @@ def completion_logprobs(tok: Callable[[int], str], ids: list[int], lps: list[flo
                         tops: list[dict] | None, offset: int) -> dict:
     """The legacy completions shape: parallel lists of tokens, logprobs, top alternatives and text offsets."""
     tokens = [tok(t) for t in ids]
-    offsets = []
-    for s in tokens:
-        offsets.append(offset)
-        offset += len(s)
-    top = None if tops is None else [{tok(k): lp(v) for k, v in _items(d)} for d in tops]
+    offsets = list(itertools.accumulate([len(s) for s in tokens[:-1]], initial=offset)) if tokens else []
+    # logprobs=0 leaves every step's alternatives empty: the common case, which needs no sort.
+    top = None if tops is None else [{tok(k): lp(v) for k, v in _items(d)} if d else {} for d in tops]
     return {"tokens": tokens, "token_logprobs": [lp(v) for v in lps], "top_logprobs": top, "text_offset": offsets}
 
 
@@ -97,7 +102,7 @@ def safe_text(text: str, stops: list[str], finished: bool) -> str:
     end = len(text)
     while end > 0 and text[end - 1] == "\ufffd":
         end -= 1
-    hold = max((_overlap(text[:end], s) for s in stops), default=0)
+    hold = max((_overlap(text[:end], s) for s in stops), default=0) if stops else 0
     return text[:end - hold]
 
 
@@ -222,16 +227,19 @@ class StreamWriter:
         # echo with logprobs waits for each prompt's first output, which brings its prompt logprobs.
         self.echo_waits = job.kind == "text" and job.echo and job.logprobs
         self.prefix_len: dict[int, int] = {}
+        # Every token's chunk starts the same: `data: ` and the head up to the choices list, rendered from the same
+        # head as the other chunks once, not again per token.
+        self.envelope = "data: " + dumps({**self._head(), "choices": []})[:-2]
 
     async def events(self, first, outputs):
         try:
             for chunk in self._opening():
                 yield _sse(chunk)
-            for chunk in self._feed(*first):
-                yield _sse(chunk)
+            for event in self._feed(*first):
+                yield event
             async for i, out in outputs:
-                for chunk in self._feed(i, out):
-                    yield _sse(chunk)
+                for event in self._feed(i, out):
+                    yield event
             for chunk in self._closing():
                 yield _sse(chunk)
         except Exception as e:  # noqa: BLE001 - mid-stream: the status is already 200, so the error travels as an event
@@ -265,31 +273,38 @@ class StreamWriter:
         return self._chunks([{"index": i * n + j, "text": text, "logprobs": lps, "finish_reason": None,
                               "token_ids": []} for j in range(n)])
 
-    def _feed(self, i: int, out) -> list[dict]:
+    def _feed(self, i: int, out) -> list[bytes]:
+        """The events of sub i's latest output: its echo if due, then one chunk per choice with something new."""
         self.last[i] = out
-        chunks = self._echo(i, out) if self.echo_waits and i not in self.prefix_len else []
-        choices = []
+        events = [_sse(c) for c in self._echo(i, out)] if self.echo_waits and i not in self.prefix_len else []
         for c in out.outputs:
             index = _choice_index(self.job, i, c)
-            cursor = self.cursors.setdefault(index, ChoiceCursor())
+            cursor = self.cursors.get(index)
+            if cursor is None:
+                cursor = self.cursors[index] = ChoiceCursor()
             offset = self.prefix_len.get(i, 0) + cursor.chars
             step = cursor.advance(c, self.job.stops)
             if step is not None:
-                choices.append(self._choice(index, c, *step, offset))
+                events.append(f"{self.envelope}{self._choice(index, c, *step, offset)}]}}\n\n".encode())
                 if self.job.logprobs:  # only text_offset reads it
                     cursor.chars += sum(len(self.state.token_text(t)) for t in step[0])
-        return chunks + self._chunks(choices)
+        return events
 
-    def _choice(self, index: int, c, ids: list[int], start: int, text: str, offset: int) -> dict:
+    def _choice(self, index: int, c, ids: list[int], start: int, text: str, offset: int) -> str:
+        """One choice's JSON, written out: the JSON encoder on a dict, as the other chunks are, costs several
+        times as much per token (tests/server/test_responses.py holds the two equal)."""
         finish = c.finish_reason if c.finish_reason is not None and start + len(ids) == len(c.token_ids) else None
         if self.job.echo_only:  # the one token drawn to get the prompt scored is not part of the answer
             ids, text = [], ""
         if self.job.kind == "chat":
             lps = _chat_logprobs(self.state, c, ids, start) if self.job.logprobs else None
-            return {"index": index, "delta": {"content": text}, "logprobs": lps, "finish_reason": finish,
-                    "token_ids": ids}
-        lps = _text_logprobs(self.state, c, ids, start, offset) if self.job.logprobs else None
-        return {"index": index, "text": text, "logprobs": lps, "finish_reason": finish, "token_ids": ids}
+            head = f'{{"index":{index},"delta":{{"content":{encode_basestring(text)}}}'
+        else:
+            lps = _text_logprobs(self.state, c, ids, start, offset) if self.job.logprobs else None
+            head = f'{{"index":{index},"text":{encode_basestring(text)}'
+        finish_json = "null" if finish is None else encode_basestring(finish)
+        lps_json = "null" if lps is None else dumps(lps)
+        return f'{head},"logprobs":{lps_json},"finish_reason":{finish_json},"token_ids":[{",".join(map(str, ids))}]}}'
 
     def _closing(self) -> list[dict]:
         if not self.job.include_usage:

@@ -86,3 +86,20 @@ def test_deltas_stay_small_where_cumulative_outputs_grow():
         sizes.append((len(pickle.dumps(outs)), len(pickle.dumps(encoder.encode(outs)))))
     full, delta = sizes[-1]
     assert delta < full / 20 and sizes[-1][1] <= sizes[1][1]  # the 300th step's delta: no larger than the 2nd's
+
+
+def test_prefix_reads_as_the_list_it_was_and_never_grows():
+    from samebits.engine.output_deltas import Prefix
+
+    items = [3, 1, 4, 1, 5]
+    view = Prefix(items, 3)
+    items += [9, 2, 6]  # appended after the view was taken, as the decoder's lists are
+    assert view == [3, 1, 4] and [3, 1, 4] == view and list(view) == [3, 1, 4] and len(view) == 3
+    assert view[1:] == [1, 4] and view[-1] == 4 and view[:10] == [3, 1, 4] and view[::-1] == [4, 1, 3]
+    assert view != [3, 1, 4, 1] and view != [3, 1, 5]  # negative control: a longer or different list differs
+    try:
+        view[3]
+    except IndexError:
+        pass
+    else:
+        raise AssertionError("an index past the prefix must not read what came after")

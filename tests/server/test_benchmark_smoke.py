@@ -27,3 +27,16 @@ def test_server_benchmark_smoke(tmp_path, tiny_model_dir):
     assert report["output_tokens"] > 0 and report["fingerprint"]["hash"]
     assert report["offline"]["equal_to_server"] == 6, "the server answers as the offline engine does"
     assert (tmp_path / "server_bench.png").stat().st_size > 0
+
+
+def test_server_cpu_benchmark_smoke(tmp_path):
+    """benchmarks/server_cpu.py at toy size, both backends: every response checked against the replayed tokens."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    bench = importlib.import_module("benchmarks.server_cpu")
+    argv = ["--requests", "4", "--output-len", "5", "--n", "2", "--logprobs", "2", "--step-ms", "2", "--repeat", "1",
+            "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    runs = json.loads((tmp_path / "server_cpu.json").read_text())["runs"]
+    assert [r["backend"] for r in runs] == ["thread", "process"]
+    assert all(r["output_tokens"] == 4 * 2 * 5 and r["us_per_token"]["event loop"] > 0 for r in runs)

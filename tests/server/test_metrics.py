@@ -100,3 +100,25 @@ def test_the_grafana_dashboard_queries_only_exported_series(server):
     exported = set(families(server))
     assert len(queried) >= 15 and queried <= exported, sorted(queried - exported)
     assert all('model_name="$model_name"' in e for e in exprs)
+
+
+def test_counted_observations_export_as_prometheus_histograms_do():
+    """The inter-token histogram takes one call per step's equal gaps; its exposition is prometheus_client's for the
+    same observations one by one (dyadic values, so the sums are exact in either order)."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from samebits.server.metrics import ITL_BUCKETS, _CountingHistogram
+
+    theirs, ours = CollectorRegistry(auto_describe=False), CollectorRegistry(auto_describe=False)
+    one_by_one = Histogram("samebits:x_seconds", "doc", ["model_name"], buckets=ITL_BUCKETS, registry=theirs)
+    counted = _CountingHistogram("samebits:x_seconds", "doc", MODEL_NAME, ITL_BUCKETS)
+    ours.register(counted)
+    observations = [(2.0**-10, 3), (2.0**-8, 1), (0.03125, 256), (0.5, 2), (1024.0, 1), (0.0, 4)]
+    for value, count in observations:
+        for _ in range(count):
+            one_by_one.labels(MODEL_NAME).observe(value)
+        counted.observe(value, count)
+    counted.created = one_by_one.labels(MODEL_NAME)._created
+    assert generate_latest(ours) == generate_latest(theirs)
+    counted.observe(0.005, 1)  # negative control: one observation more shows
+    assert generate_latest(ours) != generate_latest(theirs)

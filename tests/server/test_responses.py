@@ -37,3 +37,97 @@ def test_float32_logprobs_survive_json():
         back = json.loads(dumps({"v": lp(value)}))["v"]
         assert struct.pack("<f", back) == struct.pack("<I", bits)
     assert lp(float("-inf")) == -9999.0
+
+
+# ---- chunks: written out, equal to the JSON encoder on the dicts they replaced -------------------------------------
+SEED = 0
+# Quotes, escapes, control characters, non-BMP, a replacement character, and two ids with one text (a top-logprobs
+# dict then keeps the first's place and the last's value, as the dict-building path does).
+TOKEN_TEXTS = ['a', ' "q"', "\\", "\n\t\x01", "你好", "🙂", "\ufffd", "é", "a", "</s>"]
+
+
+def _writer(kind: str, logprobs: bool, echo_only: bool = False, n: int = 2):
+    from samebits.server.requests import Job, Meta
+    from samebits.server.responses import StreamWriter
+
+    state = SimpleNamespace(token_text=TOKEN_TEXTS.__getitem__)
+    meta = Meta("cmpl-ü\"x", 1700000000, "tiny/\u00e9", "fp\\1", 2**63 - 1)
+    job = Job(kind, meta, [], SimpleNamespace(n=n), [], False, logprobs, False, echo_only=echo_only)
+    return StreamWriter(state, job)
+
+
+def _reference(w, index: int, c, ids: list[int], start: int, text: str, offset: int) -> bytes:
+    """The event as it was built before: the choice's dict in the chunk's dict, through json.dumps itself."""
+    import json
+
+    from samebits.server.responses import _chat_logprobs, _text_logprobs
+
+    finish = c.finish_reason if c.finish_reason is not None and start + len(ids) == len(c.token_ids) else None
+    if w.job.echo_only:
+        ids, text = [], ""
+    if w.job.kind == "chat":
+        lps = _chat_logprobs(w.state, c, ids, start) if w.job.logprobs else None
+        choice = {"index": index, "delta": {"content": text}, "logprobs": lps, "finish_reason": finish,
+                  "token_ids": ids}
+    else:
+        lps = _text_logprobs(w.state, c, ids, start, offset) if w.job.logprobs else None
+        choice = {"index": index, "text": text, "logprobs": lps, "finish_reason": finish, "token_ids": ids}
+    chunk = {**w._head(), "choices": [choice]}
+    return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'), allow_nan=False)}\n\n".encode()
+
+
+def _random_output(rng, length: int, top_k: int | None, finish):
+    from samebits.engine.outputs import CompletionOutput
+
+    ids = [rng.randrange(len(TOKEN_TEXTS)) for _ in range(length)]
+    lps = [rng.choice([float("-inf"), -0.0, -1e-30, -3.4028234663852886e38, -rng.random() * 20]) for _ in ids]
+    tops = None if top_k is None else [{rng.randrange(len(TOKEN_TEXTS)): -rng.random() * 5 for _ in range(top_k)}
+                                       for _ in ids]
+    return CompletionOutput(1, "".join(TOKEN_TEXTS[t] for t in ids), ids, None if top_k is None else lps, tops,
+                            None, finish)
+
+
+def test_chunks_equal_the_json_encoder_on_the_same_dicts():
+    import random
+
+    rng = random.Random(SEED)
+    cases = 0
+    for kind in ("text", "chat"):
+        for logprobs, top_k in ((False, None), (True, 0), (True, 3)):
+            for echo_only in (False, True):
+                w = _writer(kind, logprobs, echo_only)
+                for finish in (None, "stop", "length", "abort"):
+                    c = _random_output(rng, rng.randrange(1, 6), top_k, finish)
+                    for start in range(len(c.token_ids)):
+                        for end in (start, start + 1, len(c.token_ids)):
+                            ids, text = c.token_ids[start:end], rng.choice(["", c.text, '"\\\u2028\x7f'])
+                            offset = rng.randrange(100)
+                            got = f"{w.envelope}{w._choice(5, c, ids, start, text, offset)}]}}\n\n".encode()
+                            assert got == _reference(w, 5, c, ids, start, text, offset), (kind, logprobs, finish)
+                            cases += 1
+    assert cases > 200
+
+
+def test_negative_control_a_reordered_field_shows():
+    from samebits.server.responses import _sse
+
+    w = _writer("text", False)
+    c = _random_output(__import__("random").Random(SEED), 3, None, "length")
+    swapped = {"index": 5, "text": c.text, "finish_reason": "length", "logprobs": None, "token_ids": c.token_ids}
+    ours = f"{w.envelope}{w._choice(5, c, c.token_ids, 0, c.text, 0)}]}}\n\n".encode()
+    assert ours != _sse({**w._head(), "choices": [swapped]})
+    assert ours == _reference(w, 5, c, c.token_ids, 0, c.text, 0)
+
+
+def test_completion_logprobs_offsets_and_alternatives():
+    from samebits.server.responses import completion_logprobs
+
+    tok = TOKEN_TEXTS.__getitem__
+    ids = [4, 0, 5, 1, 2]
+    got = completion_logprobs(tok, ids, [-1.0] * 5, [{}, {3: -2.0, 8: -0.5, 0: -1.0}, [], [(2, -1.0)], {}], 7)
+    starts = [7 + sum(len(TOKEN_TEXTS[t]) for t in ids[:i]) for i in range(len(ids))]
+    assert got["text_offset"] == starts and got["tokens"] == [TOKEN_TEXTS[t] for t in ids]
+    # ids 8 and 0 share the text "a": the dict keeps the place of the better (first, by -0.5) and the later value.
+    assert got["top_logprobs"] == [{}, {"a": -1.0, "\n\t\x01": -2.0}, {}, {"\\": -1.0}, {}]
+    assert list(got["top_logprobs"][1]) == ["a", "\n\t\x01"]
+    assert completion_logprobs(tok, [], [], [], 3)["text_offset"] == []
