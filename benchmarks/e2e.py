@@ -22,7 +22,8 @@ from samebits.diagnostics.bench.bound import of_roofline, workload_bound
 from samebits.diagnostics.bench.invariance import picks
 from samebits.diagnostics.bench.load import run_load
 from samebits.diagnostics.bench.report import roofline_cell, steps_table
-from samebits.diagnostics.bench.run import MAX_NUM_BATCHED_TOKENS, engine_for, kv_tokens_for, measure
+from samebits.diagnostics.bench.run import (MAX_NUM_BATCHED_TOKENS, engine_for, kv_tokens_for, measure, pool_tokens,
+                                            release)
 from samebits.diagnostics.bench.shapes import SHAPES, NullTokenizer, random_shape_model
 from samebits.diagnostics.bench.workload import workload
 from samebits.engine.sampling_params import SamplingParams
@@ -118,19 +119,20 @@ def main() -> None:
     report = {"shape": args.shape, "requests": args.requests, "cuda_graphs": GRAPHS, "modes": {}}
     bound = workload_bound(loaded.config, work, loaded.model.dtype, DEVICE, max_num_seqs=256)
     report["roofline"] = bound
+    kv_tokens = kv_tokens_for(DEVICE)  # then the first engine's pool for every later one (bench/run.py pool_tokens)
     for mode, policy in (run.split("/") for run in args.modes.split(",")):
         with deterministic_runtime() if mode == "deterministic" else contextlib.nullcontext():
-            engine = make_engine(loaded, mode, policy.removesuffix("+sync"), kv_tokens=kv_tokens_for(DEVICE),
+            engine = make_engine(loaded, mode, policy.removesuffix("+sync"), kv_tokens=kv_tokens,
                                  async_scheduling=False if policy.endswith("+sync") else None)
             stats = measure(engine, work, chosen, warm=args.warm)
+            stats["kv_cache_tokens"] = kv_tokens = pool_tokens(engine)
             stats["batch1_decode_ms"] = decode_step_ms(engine)
             stats["of_roofline"] = of_roofline(bound, stats["seconds"])
         report["modes"][f"{mode}/{policy}"] = stats
         print(mode, policy, json.dumps(stats), flush=True)
         (args.out / "e2e.json").write_text(json.dumps(report, indent=2))  # partial results survive a timeout
         del engine
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
+        release(DEVICE)
     report["engine_b64_tok_per_s"] = engine_batch64(loaded, shape, 32 if args.quick else 128)
     report["weights_floor_ms"] = weights_floor_ms(loaded)
     if {"fast/dynamic", "deterministic/dynamic"} <= set(report["modes"]):

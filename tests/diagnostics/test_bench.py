@@ -129,3 +129,8 @@ def test_a_warm_pass_runs_the_workload_untimed_and_leaves_nothing_cached(loaded)
     assert set(stats["cold"]) == {"seconds", "output_tok_per_s", "ttft_mean_s", "itl_mean_ms"}
     batched = sum(k["mean_tokens"] * k["steps"] for k in stats["steps"]["by_kind"].values())
     assert batched == pytest.approx(sum(map(len, work.prompts)) + sum(work.max_tokens) - len(work))
+
+
+def test_every_mode_runs_with_the_first_modes_kv_pool(report):
+    """Like for like: a later mode's pool is the first one's, not what an earlier engine left free."""
+    assert len({stats["kv_cache_tokens"] for stats in report["modes"].values()}) == 1

@@ -29,6 +29,23 @@ def kv_tokens_for(device: str) -> int | None:
     return None if device.startswith("cuda") else CPU_KV_TOKENS
 
 
+def pool_tokens(engine) -> int:
+    """The engine's KV pool in tokens: the later modes get the first one's, so every mode schedules the same steps
+    (a pool sized from what an earlier engine left free admitted fewer requests at once and split the prefill)."""
+    return engine.runner.num_blocks * engine.runner.block_size
+
+
+def release(device: str) -> None:
+    """After the last reference to an engine is dropped: its cycles collected, then the cached blocks returned."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
 def engine_for(loaded, mode: str, policy: str, device: str, cuda_graphs: bool = True,
                async_scheduling: bool | None = None, kv_cache_tokens: int | None = None,
                max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS):
@@ -89,15 +106,17 @@ def run_bench(config: BenchConfig, loaded, work: Workload, device: str, bar) -> 
 
     chosen = picks(len(work), config.rerun_alone)
     report = _header(config, loaded, work, device)
+    kv_tokens = kv_tokens_for(device)
     for mode in config.modes:
         task = bar.add_task(f"{mode}: {len(work)} requests, {len(chosen)} re-run alone",
                             total=len(work) + len(chosen))
         with runtime_for(mode):
             stats = _measure_mode(loaded, mode, device, work, chosen, config.seed, functools.partial(bar.advance, task),
-                                  config.warm)
+                                  config.warm, kv_tokens)
             report["fingerprints"][mode] = fingerprint(mode, None, loaded.numerics())  # what produced these bits
         stats["of_roofline"] = of_roofline(report["roofline"], stats["seconds"])
         report["modes"][mode] = stats
+        kv_tokens = stats["kv_cache_tokens"]
     if len(report["modes"]) == 2:
         tok_s = {mode: stats["output_tok_per_s"] for mode, stats in report["modes"].items()}
         report["deterministic_tax"] = 1 - tok_s["deterministic"] / tok_s["fast"]
@@ -113,14 +132,11 @@ def _header(config: BenchConfig, loaded, work: Workload, device: str) -> dict:
 
 
 def _measure_mode(loaded, mode: str, device: str, work: Workload, chosen: list[int], seed: int, advance,
-                  warm: bool) -> dict:
-    """One engine, dropped on return: the next mode's KV pool is sized from the memory this one frees."""
-    import torch
-
-    engine = engine_for(loaded, mode, "dynamic", device, kv_cache_tokens=kv_tokens_for(device))
+                  warm: bool, kv_tokens: int | None) -> dict:
+    """One engine with a KV pool of kv_tokens (None: sized from free memory), dropped and released on return."""
+    engine = engine_for(loaded, mode, "dynamic", device, kv_cache_tokens=kv_tokens)
     try:
-        return measure(engine, work, chosen, seed, advance, warm)
+        return {**measure(engine, work, chosen, seed, advance, warm), "kv_cache_tokens": pool_tokens(engine)}
     finally:
         del engine
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release(device)
