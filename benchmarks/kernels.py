@@ -92,8 +92,9 @@ def _mm_rows(dtype):
 
 def _unfused_race(z, seeds, samples, positions):
     """The sampler's race before the fused kernel: the Philox kernel's uniforms, then float64 passes in torch."""
-    g = K.philox_uniforms(seeds, samples, positions, z.shape[-1], 0).double()
-    return (z.double() + g.log_().neg_().log_().neg_()).argmax(dim=-1)
+    from samebits.kernels.race import race_keys
+
+    return race_keys(z, seeds, samples, positions, 0, uniforms=K.philox_uniforms).argmax(dim=-1)
 
 
 def _silu_rows():

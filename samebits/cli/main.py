@@ -321,6 +321,7 @@ BENCH_HELP = {
     "rerun_alone": "Requests re-run alone and compared bit for bit with their run inside the load.",
     "device": "cpu or cuda (default: cuda where available). On a CPU start small: --requests 8.",
     "seed": "Seed of the workload and of each request's sampling.",
+    "warm": "Run the whole workload once untimed first (compiles and graph captures behind it), then time it.",
 }
 BENCH_FLAGS = field_flags(BenchConfig(), BENCH_HELP) + [
     flag("json_path", None, Path | None, "Write the full report as JSON.")]

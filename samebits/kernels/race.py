@@ -16,9 +16,11 @@ import torch
 from samebits.kernels.philox import philox_uniforms
 
 
-def race_keys(z: torch.Tensor, seeds, sample_indices, positions, stream: int) -> torch.Tensor:
-    """[S, V] float64 keys z_i - log(-log(u_i)) (z [S, V] float32; counters int64 [S])."""
-    g = philox_uniforms(seeds, sample_indices, positions, z.shape[-1], stream).double()
+def race_keys(z: torch.Tensor, seeds, sample_indices, positions, stream: int,
+              uniforms=philox_uniforms) -> torch.Tensor:
+    """[S, V] float64 keys z_i - log(-log(u_i)) (z [S, V] float32; counters int64 [S]). `uniforms`: the Philox op
+    that draws u (the torch reference here; benchmarks/kernels.py passes the Triton kernel's, same bits)."""
+    g = uniforms(seeds, sample_indices, positions, z.shape[-1], stream).double()
     return z.double() + g.log_().neg_().log_().neg_()
 
 

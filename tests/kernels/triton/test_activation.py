@@ -20,9 +20,14 @@ def test_kernel_matches_reference(shape):
 
 
 def test_rows_are_independent():
+    """A row's bits alone equal its bits among others; control: the same comparison sees a one-ulp change."""
     g = torch.Generator().manual_seed(SEED)
     x = torch.randn(6, 2 * 1030, generator=g)
-    assert torch.equal(silu_and_mul(x[2:3]).view(torch.int32), silu_and_mul(x)[2:3].view(torch.int32))
+    alone, batched = silu_and_mul(x[2:3]).view(torch.int32), silu_and_mul(x)[2:3].view(torch.int32)
+    assert torch.equal(alone, batched)
+    nudged = x[2:3].clone()
+    nudged[0, 0] = torch.nextafter(nudged[0, 0], torch.tensor(float("inf")))
+    assert not torch.equal(silu_and_mul(nudged).view(torch.int32), batched)
 
 
 def test_launcher_names_an_odd_width():
