@@ -338,7 +338,8 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
-    groups = {"matmul": lambda: _mm_rows(torch.bfloat16), "rows": _row_rows, "fused": lambda: _silu_rows() + _race_rows()}
+    groups = {"matmul": lambda: _mm_rows(torch.bfloat16), "rows": _row_rows,
+              "fused": lambda: _silu_rows() + _race_rows()}
     rows = [r for name, group in groups.items() if args.only in (None, name) for r in group()]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "rows": rows}
