@@ -1,0 +1,93 @@
+"""H200 probe: paged attention variants side by side with the kernel before a change and SDPA, bit for bit.
+
+    git show main:samebits/kernels/triton/attention.py > scripts/_attention_before.py   # untracked: it travels
+    python scripts/attention_variants_probe.py OUT_DIR scripts/_attention_before.py
+
+The before file is another copy of samebits/kernels/triton/attention.py (main's, when the tree holds a change to
+it). Every variant's output must equal the before-kernel's bits; each is timed (decode in a CUDA graph) beside SDPA
+on the same data, so a change's speed-up is a ratio from one run. Prefill variants also try larger query tiles
+(the rows probe found a row's bits independent of the tile's rows: scripts/attention_rows_probe.py).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+from attention import HQ, D, _bench, _paged  # benchmarks/attention.py
+
+from samebits.kernels.triton import attention as at
+
+DECODE = [(1, 512), (1, 8192), (8, 2048), (32, 2048), (64, 512), (64, 2048), (256, 512), (256, 2048)]
+PREFILL = [1024, 2048, 4096, 8192]
+# (name, module, rows or None, num_stages, num_warps)
+DECODE_VARIANTS = [("before", "before", None, 2, 4), ("after s2", "after", None, 2, 4),
+                   ("after s3", "after", None, 3, 4), ("after s4", "after", None, 4, 4)]
+PREFILL_VARIANTS = [("before r64", "before", 64, 2, 4), ("after r64", "after", 64, 2, 4),
+                    ("r128 w4 s2", "after", 128, 2, 4), ("r128 w8 s2", "after", 128, 2, 8),
+                    ("r128 w8 s3", "after", 128, 3, 8), ("r128 w4 s3", "after", 128, 3, 4),
+                    ("r256 w8 s2", "after", 256, 2, 8)]
+
+
+def _load(path):
+    spec = importlib.util.spec_from_file_location("attention_before", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(mods, rows_out, kind, batch, ctx, variants):
+    gen = torch.Generator().manual_seed(ctx + batch)  # the block shuffle; the values come from torch's CUDA stream
+    q, k, v, k_cache, v_cache, meta = _paged(batch, ctx, 1 if kind == "decode" else ctx, gen)
+    scale = D ** -0.5
+    qs = q.view(batch, -1, HQ, D).transpose(1, 2)
+    ks, vs = k.transpose(1, 2), v.transpose(1, 2)
+    causal = kind == "prefill"
+    sdpa = _bench(lambda: F.scaled_dot_product_attention(qs, ks, vs, scale=scale, is_causal=causal, enable_gqa=True),
+                  graph=kind == "decode")
+    ref = None
+    for name, which, rows, stages, warps in variants:
+        mod = mods[which]
+        committed = mod.NUM_STAGES, mod.NUM_WARPS
+        mod.NUM_STAGES, mod.NUM_WARPS = stages, warps
+        call = functools.partial(mod.paged_attention, q, k_cache, v_cache, meta, scale, rows=rows)
+        try:
+            out = call()
+            ref = out if ref is None else ref
+            same = bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
+            ms = _bench(call, graph=kind == "decode")
+        except Exception as e:  # noqa: BLE001 - out of shared memory or registers: record and go on
+            rows_out.append({"kind": kind, "batch": batch, "context": ctx, "variant": name, "error": str(e)[:300]})
+            print(f"{kind} b{batch} c{ctx} {name}: error {str(e)[:120]}", flush=True)
+            continue
+        finally:
+            mod.NUM_STAGES, mod.NUM_WARPS = committed
+        rows_out.append({"kind": kind, "batch": batch, "context": ctx, "variant": name, "ms": ms, "sdpa_ms": sdpa,
+                         "ratio": sdpa / ms, "same_bits": same})
+        print(f"{kind:7s} b{batch:<3d} c{ctx:<5d} {name:11s} {ms * 1e3:8.1f} us  sdpa {sdpa * 1e3:8.1f} us  "
+              f"x{sdpa / ms:.2f}  same={same}", flush=True)
+
+
+def main() -> None:
+    out_dir, before = sys.argv[1], sys.argv[2]
+    os.makedirs(out_dir, exist_ok=True)
+    mods = {"before": _load(before), "after": at}
+    rows: list[dict] = []
+    for batch, ctx in DECODE:
+        _run(mods, rows, "decode", batch, ctx, DECODE_VARIANTS)
+    for length in PREFILL:
+        _run(mods, rows, "prefill", 1, length, PREFILL_VARIANTS)
+    with open(os.path.join(out_dir, "attention_variants.json"), "w") as f:
+        json.dump({"rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
