@@ -34,20 +34,26 @@ LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x * scale) == exp2(x *
 
 
 @triton.jit
-def _tile_step(qt, m, l, acc, K, V, bt_row, n0, last, pos, h,
+def _tile_blocks(bt_row, n0, last, BLOCK_N: tl.constexpr, BS: tl.constexpr):
+    # The block id of each of the tile's keys (0 past `last`, where the loads are masked anyway).
+    n = n0 + tl.arange(0, BLOCK_N)
+    return tl.load(bt_row + n // BS, mask=n <= last, other=0)
+
+
+@triton.jit
+def _tile_step(qt, m, l, acc, K, V, blk32, n0, last, pos, h,
                qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
                MASKED: tl.constexpr):
-    # qt [D, BQ]; m, l [BQ] fp32 (log2 domain); acc [D, BQ] fp32; keys n0..n0+BLOCK_N-1 gathered via the block table.
+    # qt [D, BQ]; m, l [BQ] fp32 (log2 domain); acc [D, BQ] fp32; keys n0..n0+BLOCK_N-1 gathered via their block ids
+    # blk32 (_tile_blocks, loaded a tile ahead so the K/V addresses never wait on the block table).
     # MASKED=False is only used for tiles whose every key every live row sees: there the causal mask and the
     # live-row selects are identities, so both variants give a row the same bits (the diagonal tiles use MASKED).
     n = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
+    blk = blk32.to(tl.int64)
     if MASKED:
         kv_ok = n <= last
-        blk = tl.load(bt_row + n // BS, mask=kv_ok, other=0).to(tl.int64)
-    else:
-        blk = tl.load(bt_row + n // BS).to(tl.int64)
     row = blk * stride_kb + (n % BS) * stride_ks + h * stride_kh
     row_v = blk * stride_vb + (n % BS) * stride_vs + h * stride_vh
     if MASKED:
@@ -156,14 +162,19 @@ def _paged_attention_kernel(
             kv_lo = s_idx * SPLIT
             kv_hi = tl.minimum(kv_lo + SPLIT, last + 1)
             full_hi = tl.minimum(kv_lo + tl.maximum(first_pos + 1 - kv_lo, 0) // BLOCK_N * BLOCK_N, kv_hi)
+            blk = _tile_blocks(bt_row, kv_lo, last, BLOCK_N, BS)
             for n0 in range(kv_lo, full_hi, BLOCK_N):
-                m, l, acc = _tile_step(qt, m, l, acc, K, V, bt_row, n0, last, pos, h, qk_scale,
+                nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS)
+                m, l, acc = _tile_step(qt, m, l, acc, K, V, blk, n0, last, pos, h, qk_scale,
                                        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                                        BLOCK_N, D, BS, UPCAST, IEEE, False)
+                blk = nxt
             for n0 in range(full_hi, kv_hi, BLOCK_N):
-                m, l, acc = _tile_step(qt, m, l, acc, K, V, bt_row, n0, last, pos, h, qk_scale,
+                nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS)
+                m, l, acc = _tile_step(qt, m, l, acc, K, V, blk, n0, last, pos, h, qk_scale,
                                        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                                        BLOCK_N, D, BS, UPCAST, IEEE, True)
+                blk = nxt
             if PARTIAL:
                 ok = row_ok & (pos >= kv_lo)
                 p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx  # [BQ]
