@@ -35,7 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from samebits.engine.outputs import CompletionOutput, EngineInfo, EngineStats, RequestOutput
+from samebits.engine.outputs import CompletionOutput, EngineInfo, EngineStats, RequestOutput, StepProgress
+from samebits.engine.sampling_params import RequestOutputKind
 from samebits.engine.seeds import SeedStream
 
 SERVED_NAME = "bench"
@@ -78,6 +79,7 @@ class _Replay:
     seed: int
     samples: list[tuple[list[int], list[float], list[dict], str, list[int]]]  # ids, logprobs, tops, text, offsets
     logprobs: int | None
+    final_only: bool
     produced: int = 0
 
 
@@ -95,6 +97,7 @@ class ReplayEngine:
         self.requests: dict[str, _Replay] = {}
         self._seeds = SeedStream(0)
         self._tick = 0.0
+        self._progress: list[StepProgress] = []
 
     def info(self) -> EngineInfo:
         return EngineInfo("replay", "replay", "deterministic", self.vocab_size, self.max_model_len, "float32", "cpu",
@@ -121,7 +124,7 @@ class ReplayEngine:
             samples.append((ids, lps, tops, "".join(self.text[t] for t in ids), offsets))
         seed = params.seed if params.seed is not None else self.draw_seed()
         self.requests[request_id] = _Replay(request_id, prompt, list(prompt_token_ids), seed, samples,
-                                            params.logprobs)
+                                            params.logprobs, params.output_kind is RequestOutputKind.FINAL_ONLY)
 
     def abort_request(self, request_id) -> None:
         self.requests.pop(request_id, None)
@@ -135,17 +138,25 @@ class ReplayEngine:
             time.sleep(wait)
         self._tick = max(self._tick, time.monotonic()) + self.step_s
         start = time.thread_time()
-        outs = [self._output(r) for r in list(self.requests.values())]
+        running = list(self.requests.values())
+        self._progress = [StepProgress(r.request_id, len(r.samples), None) for r in running]
+        outs = [out for out in map(self._advance, running) if out is not None]
         self.step_cpu_s += time.thread_time() - start
         self.steps += 1
         return outs
 
-    def _output(self, r: _Replay) -> RequestOutput:
+    def progress(self) -> list[StepProgress]:
+        return self._progress
+
+    def _advance(self, r: _Replay) -> RequestOutput | None:
+        """One more token per sample; the cumulative output, unless it is not due (FINAL_ONLY, unfinished)."""
         r.produced += 1
         k = r.produced
         done = k == len(r.samples[0][0])
         if done:
             del self.requests[r.request_id]
+        elif r.final_only:
+            return None
         want = r.logprobs is not None
         # Fresh lists every step, as OutputProcessor._completion builds them.
         outputs = [CompletionOutput(i, text[:offsets[k]], ids[:k], lps[:k] if want else None,

@@ -6,7 +6,8 @@
 The before file is another copy of samebits/kernels/triton/attention.py (main's, when the tree holds a change to
 it). Every variant's output must equal the before-kernel's bits; each is timed (decode in a CUDA graph) beside SDPA
 on the same data, so a change's speed-up is a ratio from one run. Prefill variants also try larger query tiles
-(the rows probe found a row's bits independent of the tile's rows: scripts/attention_rows_probe.py).
+(the rows probe found a row's bits independent of the tile's rows: scripts/attention_rows_probe.py). Last, per warp
+count (4: wgmma, 2: mma.sync), whether prefill tiles and decode agree bit for bit, and the prefill times.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 from attention import HQ, D, _bench, _paged  # benchmarks/attention.py
 
+from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.triton import attention as at
 
 DECODE = [(1, 512), (1, 8192), (8, 2048), (32, 2048), (64, 512), (64, 2048), (256, 512), (256, 2048)]
@@ -35,6 +37,11 @@ PREFILL_VARIANTS = [("before r64", "before", 64, 2, 4), ("after r64", "after", 6
                     ("r128 w4 s2", "after", 128, 2, 4), ("r128 w8 s2", "after", 128, 2, 8),
                     ("r128 w8 s3", "after", 128, 3, 8), ("r128 w4 s3", "after", 128, 3, 4),
                     ("r256 w8 s2", "after", 256, 2, 8)]
+
+# Below 4 warps Triton takes mma.sync, not wgmma (PTX), which changes bits, and 2 warps decoded 8-21 % faster at
+# batch >= 32 (docs/results/attention_stages.h200.json). A kernel on mma.sync for every launch would need prefill
+# and decode to agree within that family: (warps, [(rows, stages)] for prefill).
+FAMILIES = [(4, [(64, 2)]), (2, [(32, 2), (64, 2), (64, 3), (128, 2)])]
 
 
 def _load(path):
@@ -76,6 +83,37 @@ def _run(mods, rows_out, kind, batch, ctx, variants):
               f"x{sdpa / ms:.2f}  same={same}", flush=True)
 
 
+def _family(rows_out, length, warps, prefill_tiles):
+    """Within one warp count: every prefill tile's rows equal to each other and its last row equal to the decode of
+    that token (prefill == decode, the kernel's invariance); prefill times beside SDPA's."""
+    q, k, v, k_cache, v_cache, meta = _paged(1, length, length, torch.Generator().manual_seed(length))
+    scale = D ** -0.5
+    qs, ks, vs = q.view(1, -1, HQ, D).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    sdpa = _bench(lambda: F.scaled_dot_product_attention(qs, ks, vs, scale=scale, is_causal=True, enable_gqa=True))
+    one = AttentionMetadata.build([1], [length], meta.block_tables.tolist(), k_cache.shape[1], q.device)
+    committed = at.NUM_STAGES, at.NUM_WARPS
+    try:
+        at.NUM_WARPS = warps
+        decoded = at.paged_attention(q[-1:], k_cache, v_cache, one, scale)
+        first = None
+        for rows, stages in prefill_tiles:
+            at.NUM_STAGES = stages
+            call = functools.partial(at.paged_attention, q, k_cache, v_cache, meta, scale, rows=rows)
+            out = call()
+            first = out if first is None else first
+            row = {"kind": "family", "warps": warps, "context": length, "rows": rows, "stages": stages,
+                   "ms": _bench(call), "sdpa_ms": sdpa,
+                   "same_as_first_tile": bool(torch.equal(out.view(torch.int16), first.view(torch.int16))),
+                   "last_row_equals_decode": bool(torch.equal(out[-1:].view(torch.int16), decoded.view(torch.int16)))}
+            row["ratio"] = sdpa / row["ms"]
+            rows_out.append(row)
+            print(f"family w{warps} prefill c{length} r{rows} s{stages}: {row['ms'] * 1e3:8.1f} us  "
+                  f"x{row['ratio']:.2f}  tiles agree={row['same_as_first_tile']}  "
+                  f"prefill==decode={row['last_row_equals_decode']}", flush=True)
+    finally:
+        at.NUM_STAGES, at.NUM_WARPS = committed
+
+
 def main() -> None:
     out_dir, before = sys.argv[1], sys.argv[2]
     os.makedirs(out_dir, exist_ok=True)
@@ -85,6 +123,9 @@ def main() -> None:
         _run(mods, rows, "decode", batch, ctx, DECODE_VARIANTS)
     for length in PREFILL:
         _run(mods, rows, "prefill", 1, length, PREFILL_VARIANTS)
+    for warps, tiles in FAMILIES:
+        for length in (1024, 4096):
+            _family(rows, length, warps, tiles)
     with open(os.path.join(out_dir, "attention_variants.json"), "w") as f:
         json.dump({"rows": rows}, f, indent=1)
 

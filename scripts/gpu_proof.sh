@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU proof in one call (device machine: image python, PYTHONPATH=., no install except carried wheels).
-# Usage: bash scripts/gpu_proof.sh [tests|probe|kernels|attention|e2e|server|steps|rl|tp1 ...]; results under $OUT.
+# Usage: bash scripts/gpu_proof.sh [tests|probe|kernels|attention|variants|e2e|server|server-process|steps|rl|tp1 ...];
+# results under $OUT. With no step named it runs tests probe kernels attention e2e (~25 min): name the steps.
+# variants needs scripts/_attention_before.py (untracked, it travels): git show main:samebits/kernels/triton/attention.py
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 OUT=${OUT:-out}
@@ -28,9 +30,12 @@ for step in $steps; do
     probe) python3 -m samebits probe --device cuda --full --json "$OUT/probe.h200.json" --plot "$OUT/probe.h200.png" ;;
     kernels) python3 benchmarks/kernels.py --out "$OUT" ;;
     attention) python3 benchmarks/attention.py --out "$OUT" ;;
+    variants) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py ;;
     e2e) python3 benchmarks/e2e.py --out "$OUT" --warm ;;
     e2e-quick) python3 benchmarks/e2e.py --out "$OUT" --quick --requests 64 --skip-hf ;;
     server) python3 benchmarks/server.py --random-shape 8b --solo-budget-s 60 --out "$OUT" ;;
+    server-process) python3 benchmarks/server.py --random-shape 8b --solo-budget-s 30 --engine-process --skip-offline \
+      --out "$OUT/process" ;;
     steps) python3 benchmarks/steps.py --out "$OUT" ;;
     steps256) python3 benchmarks/steps.py --out "$OUT" --batches 256 ;;
     rl) python3 benchmarks/rl.py --out "$OUT" ;;

@@ -5,20 +5,24 @@ through a deque and a wake-up event, and the thread sends back outputs with `cal
 cumulative, so each request keeps only its latest one: a slow reader skips intermediate steps, never tokens.
 
 Relies on `LLMEngine.step()` returning fresh RequestOutputs (new lists each step) that the engine never mutates
-afterwards, so they cross threads without a copy.
+afterwards, so they cross threads without a copy. Tokens and latencies are counted from `LLMEngine.progress()`, which
+covers every request a step advanced: a non-streamed request asks the engine for its final output only
+(RequestOutputKind.FINAL_ONLY), so none is built for it at the steps between.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from samebits.engine.outputs import EngineStats
+from samebits.engine.outputs import EngineStats, StepProgress
+from samebits.engine.sampling_params import RequestOutputKind
 from samebits.engine.scheduler import QueueFull
 
 __all__ = ["ENGINE_COMMANDS", "AsyncEngine", "EngineDead", "QueueFull", "RequestTooLarge", "engine_command"]
@@ -57,7 +61,6 @@ class _Stream:
         self.error: BaseException | None = None
         self.closed = False
         self.final_only = final_only
-        self.generated = 0
         self.arrival = time.monotonic()
         self.first_output: float | None = None  # time.monotonic() when its first and its latest output arrived
         self.last_output: float | None = None
@@ -133,8 +136,9 @@ class AsyncEngine:
         self.on_first_output: Callable[[float], None] | None = None
         self.on_finished: Callable[[float], None] | None = None
         # on_step(now, entries): once per engine step, on the event loop, for the per-token series; an entry is
-        # (output, its stream, tokens new since its last output, seconds since its last output or None if first).
-        self.on_step: Callable[[float, list[tuple[Any, _Stream, int, float | None]]], None] | None = None
+        # (its StepProgress, its output or None when none was due, its stream, seconds since the stream's last
+        # progress or None if this is its first).
+        self.on_step: Callable[[float, list[tuple[StepProgress, Any, _Stream, float | None]]], None] | None = None
         self.stats: EngineStats | None = None
         self._idle_poll_s = idle_poll_s
         self._commands: collections.deque = collections.deque()
@@ -199,12 +203,14 @@ class AsyncEngine:
     async def generate(self, request_id: str, prompt_token_ids: list[int], params, prompt: str | None = None, *,
                        final_only: bool = False) -> AsyncIterator:
         """Yield the request's cumulative RequestOutput as it progresses; the last has `finished` set.
-        `final_only` yields just that last one (a non-streamed response: no wake-up per step).
+        `final_only` yields just that last one (a non-streamed response): the engine builds no other.
 
         Raises ValueError (from the engine, naming the field) before the first output, QueueFull, or EngineDead.
         Closing the iterator early aborts the request and frees its KV blocks.
         """
         stream = self._admit(request_id, final_only, *waiting_cost(len(prompt_token_ids), params))
+        if final_only:
+            params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
         added = finished = False
         try:
             await asyncio.wrap_future(self._submit("add", request_id, list(prompt_token_ids), params, prompt))
@@ -258,32 +264,36 @@ class AsyncEngine:
         self._wake.set()
         return future
 
-    def _dispatch(self, outputs: list) -> None:
+    def _dispatch(self, outputs: list, progress: list[StepProgress]) -> None:
+        """One step's outputs, a subsequence of its progress in the same order (LLMEngine.progress)."""
         now = time.monotonic()  # one clock read for the step: every output of it reached the loop together
         entries = []
-        for out in outputs:
-            stream = self._streams.get(out.request_id)
+        due = iter(outputs)
+        out = next(due, None)
+        for step in progress:
+            mine = out if out is not None and out.request_id == step.request_id else None
+            if mine is not None:
+                out = next(due, None)
+            stream = self._streams.get(step.request_id)
             if stream is None:
                 continue
-            entries.append(self._count(stream, out, now))
-            if out.finished or not stream.final_only:
-                stream.put(out)
+            entries.append(self._count(stream, step, mine, now))
+            if mine is not None and (mine.finished or not stream.final_only):
+                stream.put(mine)
         if entries and self.on_step is not None:
             self.on_step(now, entries)
 
-    def _count(self, stream: _Stream, out, now: float) -> tuple:
-        generated = sum([len(o.token_ids) for o in out.outputs])
-        new, stream.generated = generated - stream.generated, generated
-        self.counters.generation_tokens += new
+    def _count(self, stream: _Stream, step: StepProgress, out, now: float) -> tuple:
+        self.counters.generation_tokens += step.new_tokens
         gap = None if stream.last_output is None else now - stream.last_output
         stream.last_output = now
         if stream.first_output is None:
             stream.first_output = now
             _call(self.on_first_output, now - stream.arrival)
-        if out.finished:
+        if out is not None and out.finished:
             self.counters.requests_finished += 1
             _call(self.on_finished, now - stream.arrival)
-        return out, stream, new, gap
+        return step, out, stream, gap
 
     def _fail_all(self, error: BaseException) -> None:
         dead = EngineDead(f"the engine loop has stopped: {type(error).__name__}: {error}")
@@ -312,9 +322,10 @@ class AsyncEngine:
 
     def _step(self) -> None:
         outputs = self.engine.step()
+        progress = self.engine.progress()
         self._refresh_stats()
-        if outputs:
-            self._post(self._dispatch, outputs)
+        if progress:
+            self._post(self._dispatch, outputs, progress)
 
     def _apply_commands(self) -> bool:
         applied = False

@@ -3,7 +3,7 @@ JSON, metrics) never holds the GIL the step needs (`--engine-process`).
 
 The event-loop side is AsyncEngine's, unchanged. Of its engine thread two threads remain here, doing almost no
 Python work: a sender that writes the commands (add, abort, named commands) down one pipe, and a receiver that reads
-each step's output deltas and stats (output_deltas.py) and posts the rebuilt outputs to the event loop. The child
+each step's output deltas, progress and stats (output_deltas.py) and posts the rebuilt outputs to the event loop. The child
 applies the commands in order between steps, as the engine thread does, and answers each. The pipes join the
 server's own two processes only; nothing a client sends is unpickled there.
 
@@ -192,9 +192,9 @@ class ProcessAsyncEngine(AsyncEngine):
     def _handle(self, message: tuple) -> None:
         kind = message[0]
         if kind == "step":
-            _, deltas, self.stats = message
-            if deltas:
-                self._post(self._dispatch, self._decoder.decode(deltas))
+            _, deltas, progress, self.stats = message
+            if progress:
+                self._post(self._dispatch, self._decoder.decode(deltas), progress)
         elif kind == "done":
             self._answer(*message[1:])
         else:  # "dead": the child's exception, then it exits
@@ -249,7 +249,7 @@ def _serve(engine, commands, outputs) -> None:
             outputs.send(_apply(engine, encoder, *message))
         if engine.has_unfinished_requests():
             deltas = encoder.encode(engine.step())
-            outputs.send(("step", deltas, engine.stats()))
+            outputs.send(("step", deltas, engine.progress(), engine.stats()))
 
 
 def _apply(engine, encoder: DeltaEncoder, kind: str, command_id: int, args: tuple) -> tuple:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from samebits.distributed import one_rank, parallel_numerics, runner_for
 from samebits.engine.config import EngineConfig
 from samebits.engine.output_processor import OutputProcessor
-from samebits.engine.outputs import EngineInfo, EngineStats, RequestOutput
+from samebits.engine.outputs import EngineInfo, EngineStats, RequestOutput, StepProgress
 from samebits.engine.sampling_params import SamplingParams, check_prompt
 from samebits.engine.scheduler import ScheduledSeq, Scheduler
 from samebits.engine.seeds import SeedStream
@@ -101,6 +101,11 @@ class LLMEngine:
         if self._inflight is not None and not self.scheduler.has_unfinished():
             self.drain()  # the step launched ahead holds only finished sequences: settle it, leave nothing in flight
         return self.processor.outputs()
+
+    def progress(self) -> list[StepProgress]:
+        """How far the last step() advanced each request it touched, including those it returned no output for
+        (unfinished FINAL_ONLY ones): the server counts tokens and inter-token times by it."""
+        return self.processor.progress
 
     def _penalised_running(self) -> bool:
         return any(s.params.has_penalties for s in self.scheduler.running)

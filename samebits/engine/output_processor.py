@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from samebits.engine.outputs import CompletionOutput, PromptLogprobs, PromptStepResult, RequestOutput, StepResult
+from samebits.engine.outputs import (
+    CompletionOutput,
+    PromptLogprobs,
+    PromptStepResult,
+    RequestOutput,
+    StepProgress,
+    StepResult,
+)
 from samebits.engine.sampling_params import RequestOutputKind
 from samebits.engine.sequence import Finish, Sequence, ends_by_length
 
@@ -55,6 +62,10 @@ class _Request:
         return PromptLogprobs(self.prompt_token_ids, self.prompt_logprobs, self.prompt_ranks, self.prompt_top)
 
 
+def _first_scheduled(req: _Request) -> float | None:
+    return min((s.first_scheduled for s in req.seqs if s.first_scheduled is not None), default=None)
+
+
 def token_rule(seq: Sequence, eos_token_ids: frozenset[int], max_model_len: int) -> Finish | None:
     """The stop rules that read the last resolved token alone: eos, a stop token id, then max_tokens or max_model_len."""
     token, params = seq.last_token_id, seq.params
@@ -86,7 +97,8 @@ class OutputProcessor:
         self.requests: dict[str, _Request] = {}
         self.samples: dict[int, _SampleOutput] = {}  # by seq_id
         self.generation_tokens = 0
-        self._touched: dict[str, None] = {}
+        self._touched: dict[str, int] = {}  # request id -> tokens taken since the last outputs()
+        self.progress: list[StepProgress] = []  # the last outputs()'s, of every request it covered
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], seed: int,
                     seqs: list[Sequence]) -> None:
@@ -126,7 +138,7 @@ class OutputProcessor:
         sample.cumulative_logprob += result.logprob
         sample.top_logprobs.append(result.top_logprobs)
         self.generation_tokens += 1
-        self._touched[seq.request_id] = None
+        self._touched[seq.request_id] = self._touched.get(seq.request_id, 0) + 1
         finish = token_rule(seq, self.eos_token_ids, self.max_model_len)
         # Like vLLM, the eos that ends a sample is not text unless the client asks for its stop in the output.
         hide_eos = finish is not None and finish.reason == "stop" and finish.stop_reason is None \
@@ -158,8 +170,11 @@ class OutputProcessor:
     # ---- outputs -------------------------------------------------------------------------------------------
     def outputs(self) -> list[RequestOutput]:
         """The cumulative output of every request the last steps touched, except unfinished FINAL_ONLY ones (their
-        output is built once, when it is whole); finished requests are then forgotten."""
-        touched, self._touched = list(self._touched), {}
+        output is built once, when it is whole); finished requests are then forgotten. `progress` then holds how
+        far each touched request went, due or not, in the same order."""
+        touched, self._touched = self._touched, {}
+        self.progress = [StepProgress(request_id, n, _first_scheduled(self.requests[request_id]))
+                         for request_id, n in touched.items()]
         return [self._output(request_id) for request_id in touched if self._due(self.requests[request_id])]
 
     @staticmethod
@@ -169,10 +184,9 @@ class OutputProcessor:
     def _output(self, request_id: str) -> RequestOutput:
         req = self.requests[request_id]
         finished = all(s.is_finished for s in req.seqs)
-        scheduled = [s.first_scheduled for s in req.seqs if s.first_scheduled is not None]
         out = RequestOutput(request_id, req.prompt, req.prompt_token_ids, [self._completion(s) for s in req.seqs],
                             req.seqs[0].num_cached_tokens, req.seed, self.fingerprint(), finished,
-                            prompt_logprobs=req.prompt_view(), first_scheduled_time=min(scheduled, default=None))
+                            prompt_logprobs=req.prompt_view(), first_scheduled_time=_first_scheduled(req))
         if finished:
             self.forget(request_id)
         return out

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass
@@ -146,6 +146,15 @@ class RequestOutput:
     prompt_logprobs: PromptLogprobs | None = None
     # time.monotonic() when the first of its samples was scheduled; None before that (vLLM's first_scheduled_time).
     first_scheduled_time: float | None = None
+
+
+class StepProgress(NamedTuple):
+    """How far one step advanced one request, whether or not its output was due (a FINAL_ONLY request's is not until
+    it finishes): what the server counts tokens and latencies by. Picklable, a few scalars."""
+
+    request_id: str
+    new_tokens: int  # tokens its samples took in this step
+    first_scheduled_time: float | None  # as RequestOutput's
 
 
 @dataclass

@@ -140,22 +140,23 @@ class _RequestMetrics:
         self.model_name = model_name
 
     def observe_step(self, now: float, entries: list) -> None:
-        """AsyncEngine.on_step: one engine step's outputs, each with its stream, new tokens and gap."""
+        """AsyncEngine.on_step: how far one engine step took each request (its StepProgress), its output if one was
+        due, its stream and the gap since its last progress."""
         gaps: dict[float, int] = {}
-        for out, stream, new, gap in entries:
+        for step, out, stream, gap in entries:
             if gap is None:
-                self._first(out, stream, now)
-            elif new:  # one observation per output token; the outputs of one step mostly share their gap
-                gaps[gap] = gaps.get(gap, 0) + new
-            if out.finished:
+                self._first(step.first_scheduled_time, stream, now)
+            elif step.new_tokens:  # one observation per output token; the requests of one step mostly share a gap
+                gaps[gap] = gaps.get(gap, 0) + step.new_tokens
+            if out is not None and out.finished:
                 self._finish(out, now - stream.first_output)
         for gap, count in gaps.items():
             self.itl.observe(gap, count)
 
-    def _first(self, out, stream, now: float) -> None:
-        if out.first_scheduled_time is not None:  # both on time.monotonic()
-            self.queue.observe(max(0.0, out.first_scheduled_time - stream.arrival))
-            self.prefill.observe(max(0.0, now - out.first_scheduled_time))
+    def _first(self, first_scheduled_time: float | None, stream, now: float) -> None:
+        if first_scheduled_time is not None:  # both on time.monotonic()
+            self.queue.observe(max(0.0, first_scheduled_time - stream.arrival))
+            self.prefill.observe(max(0.0, now - first_scheduled_time))
 
     def _finish(self, out, decode_s: float) -> None:
         self.decode.observe(decode_s)

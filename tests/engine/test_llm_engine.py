@@ -132,3 +132,29 @@ def test_final_only_returns_the_finished_output_alone_with_the_cumulative_bits(l
     assert (a.token_ids, a.text, a.top_logprobs) == (b.token_ids, b.text, b.top_logprobs)
     assert bits(a.token_logprobs) == bits(b.token_logprobs)
     assert bits([a.cumulative_logprob]) == bits([b.cumulative_logprob])
+
+
+def test_progress_counts_every_request_a_step_advanced_due_or_not(llm):
+    """LLMEngine.progress(): after each step, every request it advanced with its new tokens (a FINAL_ONLY one too,
+    which gets no output until it finishes), in order, its outputs a subsequence; the counts add up to the tokens."""
+    from samebits.engine.sampling_params import RequestOutputKind
+
+    kw = {"temperature": 1.0, "seed": 5, "ignore_eos": True}
+    reqs = [([5, 6, 7], SamplingParams(**kw, max_tokens=9, n=2, output_kind=RequestOutputKind.FINAL_ONLY)),
+            ([8, 9], SamplingParams(**kw, max_tokens=6))]
+    counted = {"r0": 0, "r1": 0}
+    final = {}
+    eng = llm.engine
+    for i, (prompt, params) in enumerate(reqs):
+        eng.add_request(f"r{i}", prompt, params)
+    while eng.has_unfinished_requests():
+        outs = eng.step()
+        progress = eng.progress()
+        ids = [p.request_id for p in progress]
+        assert [o.request_id for o in outs] == [r for r in ids if r in {o.request_id for o in outs}]
+        assert all(o.request_id != "r0" or o.finished for o in outs)  # FINAL_ONLY: the finished output alone
+        for p in progress:
+            counted[p.request_id] += p.new_tokens
+            assert p.new_tokens > 0 and p.first_scheduled_time is not None
+        final.update((o.request_id, o) for o in outs if o.finished)
+    assert counted == {r: sum(len(c.token_ids) for c in final[r].outputs) for r in ("r0", "r1")} == {"r0": 18, "r1": 6}

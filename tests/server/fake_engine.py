@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from samebits.engine.outputs import CompletionOutput, EngineStats, RequestOutput
-from samebits.engine.sampling_params import SamplingParams
+from samebits.engine.outputs import CompletionOutput, EngineStats, RequestOutput, StepProgress
+from samebits.engine.sampling_params import RequestOutputKind, SamplingParams
 
 VOCAB = 512
 EOS = 0
@@ -69,6 +69,7 @@ class FakeLLMEngine:
         self.gate: threading.Event | None = None  # while set to an unset Event, step() waits (bounded)
         self.requests: dict[str, _Req] = {}
         self.steps = 0
+        self._progress: list[StepProgress] = []
 
     def fingerprint(self) -> dict:
         return {"samebits": "0.1.0", "torch": "fake", "cuda_runtime": None, "cublas": None, "driver": None,
@@ -110,11 +111,19 @@ class FakeLLMEngine:
         self.steps += 1
         if self.fail_at_step is not None and self.steps >= self.fail_at_step:
             raise RuntimeError("injected engine failure")
-        outs = [self._advance(r) for r in self._running()]
+        running = self._running()
+        before = [sum(len(c.token_ids) for c in r.samples) for r in running]
+        outs = [self._advance(r) for r in running]
+        self._progress = [StepProgress(r.rid, sum(len(c.token_ids) for c in r.samples) - n, None)
+                          for r, n in zip(running, before)]
         for out in outs:
             if out.finished:
                 del self.requests[out.request_id]
-        return outs
+        return [out for r, out in zip(running, outs)
+                if out.finished or r.params.output_kind is not RequestOutputKind.FINAL_ONLY]
+
+    def progress(self) -> list[StepProgress]:
+        return self._progress
 
     def _advance(self, r: _Req) -> RequestOutput:
         if r.prefilled:

@@ -198,8 +198,21 @@ def test_shutdown_fails_waiting_requests_instead_of_hanging():
     run(body, engine)
 
 
+class KindRecorder(FakeLLMEngine):
+    """Records the output kind each request reached the engine with."""
+
+    def add_request(self, request_id, prompt_token_ids, params, prompt=None) -> None:
+        self.kinds = {**getattr(self, "kinds", {}), request_id: params.output_kind}
+        super().add_request(request_id, prompt_token_ids, params, prompt)
+
+
 def test_final_only_yields_just_the_last_output_and_hooks_fire():
+    """A final_only request asks the engine for FINAL_ONLY outputs (none built between), yet every token is counted
+    and the latency hooks fire, from the engine's progress; a streamed request stays CUMULATIVE (the control)."""
+    from samebits.engine.sampling_params import RequestOutputKind
+
     seen = {"first": [], "done": []}
+    engine = KindRecorder(step_delay_s=0.002)
 
     async def body(ae):
         ae.on_first_output = seen["first"].append
@@ -207,9 +220,12 @@ def test_final_only_yields_just_the_last_output_and_hooks_fire():
         outs = [o async for o in ae.generate("a", [1, 2], SamplingParams(max_tokens=6), final_only=True)]
         assert len(outs) == 1 and outs[0].finished and len(outs[0].outputs[0].token_ids) == 6
         assert ae.counters.generation_tokens == 6
+        streamed = [o async for o in ae.generate("b", [1, 2], SamplingParams(max_tokens=6))]
+        assert len(streamed) > 1 and ae.counters.generation_tokens == 12
 
-    run(body, FakeLLMEngine(step_delay_s=0.002))
-    assert len(seen["first"]) == 1 and len(seen["done"]) == 1 and 0 <= seen["first"][0] <= seen["done"][0]
+    run(body, engine)
+    assert engine.kinds == {"a": RequestOutputKind.FINAL_ONLY, "b": RequestOutputKind.CUMULATIVE}
+    assert len(seen["first"]) == 2 and len(seen["done"]) == 2 and 0 <= seen["first"][0] <= seen["done"][0]
 
 
 def test_abort_after_loop_death_returns_at_once():
