@@ -30,6 +30,8 @@ BLOCK_N = TILE_CONFIGS["attention.kv_tile"]["config"]["tokens"]
 SPLIT = TILE_CONFIGS["attention.split_kv"]["config"]["tokens"]
 assert SPLIT % BLOCK_N == 0, "a split must hold whole KV tiles"
 HEAD_DIMS = (64, 128)  # the head dims with a fixed tile
+# Experimental (scripts/attention_variants_probe.py decides): prefetch each KV tile into registers a tile ahead.
+REG_PREFETCH = False
 LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x * scale) == exp2(x * scale * log2(e))
 
 
@@ -41,27 +43,28 @@ def _tile_blocks(bt_row, n0, last, BLOCK_N: tl.constexpr, BS: tl.constexpr):
 
 
 @triton.jit
-def _tile_step(qt, m, l, acc, K, V, blk32, n0, last, pos, h,
-               qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-               BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-               MASKED: tl.constexpr):
-    # qt [D, BQ]; m, l [BQ] fp32 (log2 domain); acc [D, BQ] fp32; keys n0..n0+BLOCK_N-1 gathered via their block ids
-    # blk32 (_tile_blocks, loaded a tile ahead so the K/V addresses never wait on the block table).
+def _tile_loads(K, V, blk32, n0, last, h, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
+    # K [BN, D] and V^T [D, BN] of keys n0..n0+BLOCK_N-1 gathered via their block ids blk32 (_tile_blocks); keys past
+    # `last` read as 0 (no memory traffic), and every key of a tile is either read or beyond every row's reach.
+    n = n0 + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, D)
+    kv_ok = n <= last
+    blk = blk32.to(tl.int64)
+    row = blk * stride_kb + (n % BS) * stride_ks + h * stride_kh
+    row_v = blk * stride_vb + (n % BS) * stride_vs + h * stride_vh
+    k = tl.load(K + row[:, None] + d[None, :], mask=kv_ok[:, None], other=0.0)
+    vt = tl.load(V + row_v[None, :] + d[:, None], mask=kv_ok[None, :], other=0.0)
+    return k, vt
+
+
+@triton.jit
+def _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+               IEEE: tl.constexpr, MASKED: tl.constexpr):
+    # qt [D, BQ]; m, l [BQ] fp32 (log2 domain); acc [D, BQ] fp32; k, vt one tile (_tile_loads).
     # MASKED=False is only used for tiles whose every key every live row sees: there the causal mask and the
     # live-row selects are identities, so both variants give a row the same bits (the diagonal tiles use MASKED).
     n = n0 + tl.arange(0, BLOCK_N)
-    d = tl.arange(0, D)
-    blk = blk32.to(tl.int64)
-    if MASKED:
-        kv_ok = n <= last
-    row = blk * stride_kb + (n % BS) * stride_ks + h * stride_kh
-    row_v = blk * stride_vb + (n % BS) * stride_vs + h * stride_vh
-    if MASKED:
-        k = tl.load(K + row[:, None] + d[None, :], mask=kv_ok[:, None], other=0.0)  # [BN, D]
-        vt = tl.load(V + row_v[None, :] + d[:, None], mask=kv_ok[None, :], other=0.0)  # [D, BN]
-    else:
-        k = tl.load(K + row[:, None] + d[None, :])
-        vt = tl.load(V + row_v[None, :] + d[:, None])
     if UPCAST:
         k = k.to(tl.float32)
         vt = vt.to(tl.float32)
@@ -130,7 +133,8 @@ def _paged_attention_kernel(
         stride_qt, stride_qh, stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
         G: tl.constexpr, BQ: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-        SPLIT: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+        SPLIT: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        REG_PREFETCH: tl.constexpr):
     # grid (query tiles, B, Hkv * n_split_grid). PARTIAL: split `sid` only, (m, l, acc) to PM/PL [T, Hq, S] and
     # PACC [T, Hq, S, D]; otherwise every split folded in order into O [T, Hq, D].
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -163,18 +167,37 @@ def _paged_attention_kernel(
             kv_hi = tl.minimum(kv_lo + SPLIT, last + 1)
             full_hi = tl.minimum(kv_lo + tl.maximum(first_pos + 1 - kv_lo, 0) // BLOCK_N * BLOCK_N, kv_hi)
             blk = _tile_blocks(bt_row, kv_lo, last, BLOCK_N, BS)
-            for n0 in range(kv_lo, full_hi, BLOCK_N):
-                nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS)
-                m, l, acc = _tile_step(qt, m, l, acc, K, V, blk, n0, last, pos, h, qk_scale,
-                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                       BLOCK_N, D, BS, UPCAST, IEEE, False)
-                blk = nxt
-            for n0 in range(full_hi, kv_hi, BLOCK_N):
-                nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS)
-                m, l, acc = _tile_step(qt, m, l, acc, K, V, blk, n0, last, pos, h, qk_scale,
-                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                       BLOCK_N, D, BS, UPCAST, IEEE, True)
-                blk = nxt
+            if REG_PREFETCH:
+                # Tile n0 + BLOCK_N's loads are issued into registers before tile n0's arithmetic, so they overlap
+                # it without a second shared-memory buffer (launch with num_stages=1: nothing else pipelines).
+                k, vt = _tile_loads(K, V, blk, kv_lo, last, h, stride_kb, stride_ks, stride_kh,
+                                    stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS)
+                blk = _tile_blocks(bt_row, kv_lo + BLOCK_N, last, BLOCK_N, BS)
+                for n0 in range(kv_lo, full_hi, BLOCK_N):
+                    k_next, vt_next = _tile_loads(K, V, blk, n0 + BLOCK_N, last, h, stride_kb, stride_ks, stride_kh,
+                                                  stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS)
+                    blk = _tile_blocks(bt_row, n0 + 2 * BLOCK_N, last, BLOCK_N, BS)
+                    m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, False)
+                    k, vt = k_next, vt_next
+                for n0 in range(full_hi, kv_hi, BLOCK_N):
+                    k_next, vt_next = _tile_loads(K, V, blk, n0 + BLOCK_N, last, h, stride_kb, stride_ks, stride_kh,
+                                                  stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS)
+                    blk = _tile_blocks(bt_row, n0 + 2 * BLOCK_N, last, BLOCK_N, BS)
+                    m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, True)
+                    k, vt = k_next, vt_next
+            else:
+                for n0 in range(kv_lo, full_hi, BLOCK_N):
+                    nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS)
+                    k, vt = _tile_loads(K, V, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
+                                        stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS)
+                    m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, False)
+                    blk = nxt
+                for n0 in range(full_hi, kv_hi, BLOCK_N):
+                    nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS)
+                    k, vt = _tile_loads(K, V, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
+                                        stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS)
+                    m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, True)
+                    blk = nxt
             if PARTIAL:
                 ok = row_ok & (pos >= kv_lo)
                 p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx  # [BQ]
@@ -266,7 +289,8 @@ def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bo
         float(scale) * LOG2E, n_split_grid, hq, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
         G=g, BQ=rows, BLOCK_N=BLOCK_N, D=d, BS=bs, SPLIT=SPLIT, PARTIAL=parallel_splits,
-        UPCAST=upcast, IEEE=ieee, num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=FP_FUSION)
+        UPCAST=upcast, IEEE=ieee, REG_PREFETCH=REG_PREFETCH, num_warps=NUM_WARPS,
+        num_stages=1 if REG_PREFETCH else NUM_STAGES, enable_fp_fusion=FP_FUSION)
     if parallel_splits:
         _merge_splits_kernel[grid[:2] + (h_kv,)](
             out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, n_split_grid, hq, out.stride(0), out.stride(1),
