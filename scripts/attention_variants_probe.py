@@ -30,9 +30,12 @@ from samebits.kernels.triton import attention as at
 
 DECODE = [(1, 512), (1, 8192), (8, 2048), (32, 2048), (64, 512), (64, 2048), (256, 512), (256, 2048)]
 PREFILL = [1024, 2048, 4096, 8192]
-# (name, module, rows or None, num_stages, num_warps)
+# (name, module, rows or None, num_stages, num_warps[, module attributes to set]); a variant whose attribute the
+# module lacks (a switch of a pending change that this tree does not have) is skipped.
 DECODE_VARIANTS = [("before", "before", None, 2, 4), ("after s2", "after", None, 2, 4),
-                   ("after s3", "after", None, 3, 4), ("after s4", "after", None, 4, 4)]
+                   ("after s3", "after", None, 3, 4), ("after s4", "after", None, 4, 4),
+                   ("reg w4", "after", None, 1, 4, {"REG_PREFETCH": True}),
+                   ("reg w8", "after", None, 1, 8, {"REG_PREFETCH": True})]
 PREFILL_VARIANTS = [("before r64", "before", 64, 2, 4), ("after r64", "after", 64, 2, 4),
                     ("r128 w4 s2", "after", 128, 2, 4), ("r128 w8 s2", "after", 128, 2, 8),
                     ("r128 w8 s3", "after", 128, 3, 8), ("r128 w4 s3", "after", 128, 3, 4),
@@ -61,10 +64,16 @@ def _run(mods, rows_out, kind, batch, ctx, variants):
     sdpa = _bench(lambda: F.scaled_dot_product_attention(qs, ks, vs, scale=scale, is_causal=causal, enable_gqa=True),
                   graph=kind == "decode")
     ref = None
-    for name, which, rows, stages, warps in variants:
+    for name, which, rows, stages, warps, *extra in variants:
         mod = mods[which]
-        committed = mod.NUM_STAGES, mod.NUM_WARPS
+        switches = extra[0] if extra else {}
+        if not all(hasattr(mod, key) for key in switches):
+            print(f"{kind} b{batch} c{ctx} {name}: skipped, the kernel has no {sorted(switches)}", flush=True)
+            continue
+        committed = mod.NUM_STAGES, mod.NUM_WARPS, {key: getattr(mod, key) for key in switches}
         mod.NUM_STAGES, mod.NUM_WARPS = stages, warps
+        for key, value in switches.items():
+            setattr(mod, key, value)
         call = functools.partial(mod.paged_attention, q, k_cache, v_cache, meta, scale, rows=rows)
         try:
             out = call()
@@ -76,7 +85,9 @@ def _run(mods, rows_out, kind, batch, ctx, variants):
             print(f"{kind} b{batch} c{ctx} {name}: error {str(e)[:120]}", flush=True)
             continue
         finally:
-            mod.NUM_STAGES, mod.NUM_WARPS = committed
+            mod.NUM_STAGES, mod.NUM_WARPS = committed[:2]
+            for key, value in committed[2].items():
+                setattr(mod, key, value)
         rows_out.append({"kind": kind, "batch": batch, "context": ctx, "variant": name, "ms": ms, "sdpa_ms": sdpa,
                          "ratio": sdpa / ms, "same_bits": same})
         print(f"{kind:7s} b{batch:<3d} c{ctx:<5d} {name:11s} {ms * 1e3:8.1f} us  sdpa {sdpa * 1e3:8.1f} us  "
