@@ -19,6 +19,7 @@ text) is written, so a change to the engine can be shown to leave the outputs un
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import statistics
@@ -33,8 +34,9 @@ import torch
 
 from samebits.engine.sampler import SamplerOutput
 
-# Phases in step order; "detokenize" is part of "process", "other" is the step's time outside every phase.
-PHASES = ("schedule", "inputs", "read back", "process", "detokenize", "outputs", "apply", "other", "step")
+# Phases in step order; "detokenize" is part of "process", "other" is the step's time outside every phase, "gc" the
+# cyclic garbage collector's passes, counted inside whichever phase allocated the object that triggered them.
+PHASES = ("schedule", "inputs", "read back", "process", "detokenize", "outputs", "apply", "other", "step", "gc")
 # What the stub sampler draws from, cycled: real text of several scripts, so tokens split UTF-8 characters.
 SCRIPT = (
     "The capital of France is Paris. def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
@@ -42,6 +44,9 @@ SCRIPT = (
     " Привет, мир! The quick brown fox jumps over the lazy dog; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10. 🤖✨ "
 )
 VOCAB = 49152  # SmolLM2's
+# Net new tracked objects before a young collection under --gc freeze+threshold (CPython's default is 700): a step
+# at batch 256 allocates a few thousand that die with its outputs, so the default collects several times a step.
+QUIET_GC_THRESHOLD = 50_000
 
 
 def smollm2_tokenizer():
@@ -63,6 +68,13 @@ class Clock:
 
     def reset(self) -> None:
         self.seconds = {}
+
+    def on_gc(self, phase: str, info: dict) -> None:
+        """A gc.callbacks hook: the collector's own time, summed as "gc"."""
+        if phase == "start":
+            self._gc_start = time.thread_time()
+        else:
+            self.seconds["gc"] = self.seconds.get("gc", 0.0) + time.thread_time() - self._gc_start
 
     def wrap(self, name: str, fn, wall: bool = False):
         now = time.perf_counter if wall else time.thread_time
@@ -189,12 +201,23 @@ def measure(args, batch: int, inputs: str, tokenizer, stream: list[int], advance
     for _ in range(args.warmup):
         keep_finals(engine.step(), finals)
     windows, profile = [], start_profile() if args.profile else None
-    for _ in range(args.repeat):
-        clock.reset()
-        for _ in range(args.steps):
-            keep_finals(engine.step(), finals)
-        windows.append(phase_us(clock.seconds, args.steps))
-        advance()
+    thresholds = gc.get_threshold()
+    if args.gc != "default":  # what a server could do once loaded: the collector never scans the startup heap again
+        gc.freeze()
+    if args.gc == "freeze+threshold":  # and a step's short-lived outputs are freed before a young collection scans them
+        gc.set_threshold(QUIET_GC_THRESHOLD, *thresholds[1:])
+    gc.callbacks.append(clock.on_gc)
+    try:
+        for _ in range(args.repeat):
+            clock.reset()
+            for _ in range(args.steps):
+                keep_finals(engine.step(), finals)
+            windows.append(phase_us(clock.seconds, args.steps))
+            advance()
+    finally:
+        gc.callbacks.remove(clock.on_gc)
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
     top = stop_profile(profile) if profile else None
     context = statistics.mean(s.num_tokens for s in engine.scheduler.running)
     while engine.has_unfinished_requests():
@@ -252,6 +275,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=7, help="windows per configuration; the median is reported")
     p.add_argument("--logprobs", type=int, default=0, help="logprobs per request (-1: none), as benchmarks/server.py")
     p.add_argument("--stop", action="append", help="a stop string every request carries (repeatable)")
+    p.add_argument("--gc", choices=("default", "freeze", "freeze+threshold"), default="default",
+                   help="freeze: gc.freeze() before the measured steps (the startup heap leaves the collector's scans); "
+                        f"+threshold: also a young-generation threshold of {QUIET_GC_THRESHOLD} allocations")
     p.add_argument("--profile", action="store_true", help="also yappi's top functions (slows every call)")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args(argv)
