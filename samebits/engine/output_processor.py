@@ -116,7 +116,8 @@ class OutputProcessor:
             if result is None:
                 raise ValueError(f"no sampled token for {seq!r}, whose chunk ended with sample=True")
             finish = self._take(seq, result)
-            finished += [finish] if finish is not None else []
+            if finish is not None:
+                finished.append(finish)
         return finished
 
     def _take(self, seq: Sequence, result: StepResult) -> Finish | None:
