@@ -200,6 +200,7 @@ def measure(args, batch: int, inputs: str, tokenizer, stream: list[int], advance
         keep_finals(engine.step(), finals)
     for _ in range(args.warmup):
         keep_finals(engine.step(), finals)
+    gc.collect()  # the previous configuration's engine goes now, not in some window of this one
     windows, profile = [], start_profile() if args.profile else None
     thresholds = gc.get_threshold()
     if args.gc != "default":  # what a server could do once loaded: the collector never scans the startup heap again
