@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from samebits.engine.outputs import (
     CompletionOutput,
+    ListView,
     PromptLogprobs,
     PromptStepResult,
     RequestOutput,
@@ -189,17 +190,27 @@ class OutputProcessor:
     def _output(self, request_id: str) -> RequestOutput:
         req = self.requests[request_id]
         finished = all(s.is_finished for s in req.seqs)
-        out = RequestOutput(request_id, req.prompt, req.prompt_token_ids, [self._completion(s) for s in req.seqs],
+        out = RequestOutput(request_id, req.prompt, req.prompt_token_ids,
+                            [self._completion(s, finished) for s in req.seqs],
                             req.seqs[0].num_cached_tokens, req.seed, self.fingerprint(), finished,
                             prompt_logprobs=req.prompt_view(), first_scheduled_time=_first_scheduled(req))
         if finished:
             self.forget(request_id)
         return out
 
-    def _completion(self, seq: Sequence) -> CompletionOutput:
+    def _completion(self, seq: Sequence, final: bool) -> CompletionOutput:
+        """Lists in a request's final output; views of the sample's own lists before it (they change only past
+        what the views read: Sequence.resolve_token writes, and drops, only beyond num_resolved), so a running
+        request's output costs O(1) a step, not a copy of everything so far."""
         sample = self.samples[seq.seq_id]
         want = seq.params.logprobs is not None
+        n = seq.num_generated
+        if final:
+            ids, lps, tops = seq.output_token_ids, list(sample.logprobs), list(sample.top_logprobs)
+        else:
+            first = seq.num_prompt_tokens
+            ids = ListView(seq.token_ids, first, first + n)
+            lps, tops = ListView(sample.logprobs, 0, n), ListView(sample.top_logprobs, 0, n)
         # Positional (the field order of CompletionOutput): keywords cost twice the call, per sample per step.
-        return CompletionOutput(seq.sample_index, sample.text, seq.output_token_ids,
-                                list(sample.logprobs) if want else None, list(sample.top_logprobs) if want else None,
+        return CompletionOutput(seq.sample_index, sample.text, ids, lps if want else None, tops if want else None,
                                 sample.cumulative_logprob, seq.finish_reason, seq.stop_reason)
