@@ -36,6 +36,15 @@ def lp(value: float) -> float:
     return value if math.isfinite(value) else NEG_INF_LOGPROB
 
 
+def lp_json(value: float) -> str:
+    """lp(value) as the encoder writes it: float.__repr__, the JSON encoder's own."""
+    value = float(value)
+    return repr(value) if value - value == 0.0 else _NEG_INF_JSON  # inf - inf and nan - nan are nan
+
+
+_NEG_INF_JSON = repr(NEG_INF_LOGPROB)
+
+
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
@@ -51,6 +60,22 @@ def completion_logprobs(tok: Callable[[int], str], ids: list[int], lps: list[flo
     # logprobs=0 leaves every step's alternatives empty: the common case, which needs no sort.
     top = None if tops is None else [{tok(k): lp(v) for k, v in _items(d)} if d else {} for d in tops]
     return {"tokens": tokens, "token_logprobs": [lp(v) for v in lps], "top_logprobs": top, "text_offset": offsets}
+
+
+def completion_logprobs_json(state, ids: list[int], lps: list[float], tops: list | None,
+                             offset: int) -> str:
+    """dumps(completion_logprobs(...)) written out for a chunk, where alternatives are none or empty
+    (logprobs=0): one cached JSON string per token, no dicts (tests/server/test_responses.py holds the two equal)."""
+    if tops and any(tops):
+        return dumps(completion_logprobs(state.token_text, ids, lps, tops, offset))
+    tokens, offsets = [], []
+    for t in ids:
+        tokens.append(state.token_json(t))
+        offsets.append(str(offset))
+        offset += len(state.token_text(t))
+    top = "null" if tops is None else f"[{','.join(['{}'] * len(tops))}]"
+    return (f'{{"tokens":[{",".join(tokens)}],"token_logprobs":[{",".join(map(lp_json, lps))}],'
+            f'"top_logprobs":{top},"text_offset":[{",".join(offsets)}]}}')
 
 
 def prompt_completion_logprobs(tok: Callable[[int], str], ids: list[int], plp, k: int) -> dict:
@@ -230,6 +255,8 @@ class StreamWriter:
         # Every token's chunk starts the same: `data: ` and the head up to the choices list, rendered from the same
         # head as the other chunks once, not again per token.
         self.envelope = "data: " + dumps({**self._head(), "choices": []})[:-2]
+        # Where a choice's text goes: {"index":i,"text":"..." or {"index":i,"delta":{"content":"..."}.
+        self.text_key, self.text_end = ('"text":', "") if job.kind == "text" else ('"delta":{"content":', "}")
 
     async def events(self, first, outputs):
         try:
@@ -277,8 +304,9 @@ class StreamWriter:
         """The events of sub i's latest output: its echo if due, then one chunk per choice with something new."""
         self.last[i] = out
         events = [_sse(c) for c in self._echo(i, out)] if self.echo_waits and i not in self.prefix_len else []
+        first = i * self.job.params.n
         for c in out.outputs:
-            index = _choice_index(self.job, i, c)
+            index = first + c.index
             cursor = self.cursors.get(index)
             if cursor is None:
                 cursor = self.cursors[index] = ChoiceCursor()
@@ -296,15 +324,19 @@ class StreamWriter:
         finish = c.finish_reason if c.finish_reason is not None and start + len(ids) == len(c.token_ids) else None
         if self.job.echo_only:  # the one token drawn to get the prompt scored is not part of the answer
             ids, text = [], ""
-        if self.job.kind == "chat":
-            lps = _chat_logprobs(self.state, c, ids, start) if self.job.logprobs else None
-            head = f'{{"index":{index},"delta":{{"content":{encode_basestring(text)}}}'
-        else:
-            lps = _text_logprobs(self.state, c, ids, start, offset) if self.job.logprobs else None
-            head = f'{{"index":{index},"text":{encode_basestring(text)}'
+        lps_json = self._logprobs_json(c, ids, start, offset) if self.job.logprobs else "null"
         finish_json = "null" if finish is None else encode_basestring(finish)
-        lps_json = "null" if lps is None else dumps(lps)
-        return f'{head},"logprobs":{lps_json},"finish_reason":{finish_json},"token_ids":[{",".join(map(str, ids))}]}}'
+        return (f'{{"index":{index},{self.text_key}{encode_basestring(text)}{self.text_end},"logprobs":{lps_json},'
+                f'"finish_reason":{finish_json},"token_ids":[{",".join(map(str, ids))}]}}')
+
+    def _logprobs_json(self, c, ids: list[int], start: int, offset: int) -> str:
+        if c.token_logprobs is None:
+            return "null"
+        end = start + len(ids)
+        if self.job.kind == "chat":
+            return dumps(_chat_logprobs(self.state, c, ids, start))
+        tops = None if c.top_logprobs is None else c.top_logprobs[start:end]
+        return completion_logprobs_json(self.state, ids, c.token_logprobs[start:end], tops, offset)
 
     def _closing(self) -> list[dict]:
         if not self.job.include_usage:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import time
+from json.encoder import encode_basestring
 
 from samebits.server.errors import clip, invalid, not_found
 from samebits.server.metrics import Metrics
@@ -72,6 +73,7 @@ class ServerState:
         self.created = int(time.time())
         self.max_prompt_chars = config.max_prompt_chars or PROMPT_CHARS_PER_TOKEN * self.max_model_len
         self._token_text: dict[int, str] = {}
+        self._token_json: dict[int, str] = {}
 
     @property
     def model_name(self) -> str:
@@ -86,6 +88,13 @@ class ServerState:
         text = self._token_text.get(token_id)
         if text is None:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    def token_json(self, token_id: int) -> str:
+        """token_text as a JSON string, as the chunks' encoder writes it (ensure_ascii=False)."""
+        text = self._token_json.get(token_id)
+        if text is None:
+            text = self._token_json[token_id] = encode_basestring(self.token_text(token_id))
         return text
 
     def check_model(self, model: str) -> None:
