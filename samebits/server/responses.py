@@ -154,7 +154,9 @@ class ChoiceCursor:
         if self.done:
             return None
         finished = out.finish_reason is not None
-        safe = safe_text(out.text, stops, finished)
+        safe = out.text
+        if not finished and (stops or safe.endswith("\ufffd")):  # else all of it is final: no call
+            safe = safe_text(safe, stops, finished)
         delta = safe[len(self.text):] if safe.startswith(self.text) else ""
         start, ids = self.tokens, list(out.token_ids[self.tokens:])
         if not ids and not delta and not finished:
@@ -258,22 +260,13 @@ class StreamWriter:
         # Where a choice's text goes: {"index":i,"text":"..." or {"index":i,"delta":{"content":"..."}.
         self.text_key, self.text_end = ('"text":', "") if job.kind == "text" else ('"delta":{"content":', "}")
 
-    async def events(self, first, outputs):
-        try:
-            for chunk in self._opening():
-                yield _sse(chunk)
-            for event in self._feed(*first):
-                yield event
-            async for i, out in outputs:
-                for event in self._feed(i, out):
-                    yield event
-            for chunk in self._closing():
-                yield _sse(chunk)
-        except Exception as e:  # noqa: BLE001 - mid-stream: the status is already 200, so the error travels as an event
-            yield _sse(map_error(e).body())
-        finally:
-            await outputs.aclose()
-        yield b"data: [DONE]\n\n"
+    def opening(self) -> list[bytes]:
+        """The events before any output's: chat's role deltas, or the echoed prompts when they need no output."""
+        return [_sse(chunk) for chunk in self._opening()]
+
+    def closing(self) -> list[bytes]:
+        """The events after the last output's: the usage chunk, if asked for."""
+        return [_sse(chunk) for chunk in self._closing()]
 
     def _head(self) -> dict:
         return self.job.meta.head("text_completion" if self.job.kind == "text" else "chat.completion.chunk")
@@ -300,7 +293,7 @@ class StreamWriter:
         return self._chunks([{"index": i * n + j, "text": text, "logprobs": lps, "finish_reason": None,
                               "token_ids": []} for j in range(n)])
 
-    def _feed(self, i: int, out) -> list[bytes]:
+    def feed(self, i: int, out) -> list[bytes]:
         """The events of sub i's latest output: its echo if due, then one chunk per choice with something new."""
         self.last[i] = out
         events = [_sse(c) for c in self._echo(i, out)] if self.echo_waits and i not in self.prefix_len else []
@@ -315,7 +308,7 @@ class StreamWriter:
             if step is not None:
                 events.append(f"{self.envelope}{self._choice(index, c, *step, offset)}]}}\n\n".encode())
                 if self.job.logprobs:  # only text_offset reads it
-                    cursor.chars += sum(len(self.state.token_text(t)) for t in step[0])
+                    cursor.chars += sum(map(len, map(self.state.token_text, step[0])))
         return events
 
     def _choice(self, index: int, c, ids: list[int], start: int, text: str, offset: int) -> str:
@@ -347,3 +340,11 @@ class StreamWriter:
 
 def _sse(obj: dict) -> bytes:
     return f"data: {dumps(obj)}\n\n".encode()
+
+
+def error_event(e: BaseException) -> bytes:
+    """An error mid-stream: the status is already 200, so it travels as an event (then [DONE])."""
+    return _sse(map_error(e).body())
+
+
+DONE_EVENT = b"data: [DONE]\n\n"

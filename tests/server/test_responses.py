@@ -47,10 +47,10 @@ TOKEN_TEXTS = ['a', ' "q"', "\\", "\n\t\x01", "你好", "🙂", "\ufffd", "é", 
 
 
 def _writer(kind: str, logprobs: bool, echo_only: bool = False, n: int = 2):
+    from json.encoder import encode_basestring
+
     from samebits.server.requests import Job, Meta
     from samebits.server.responses import StreamWriter
-
-    from json.encoder import encode_basestring
 
     state = SimpleNamespace(token_text=TOKEN_TEXTS.__getitem__, token_json=lambda t: encode_basestring(TOKEN_TEXTS[t]))
     meta = Meta("cmpl-ü\"x", 1700000000, "tiny/\u00e9", "fp\\1", 2**63 - 1)
