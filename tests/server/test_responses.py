@@ -133,3 +133,52 @@ def test_completion_logprobs_offsets_and_alternatives():
     assert got["top_logprobs"] == [{}, {"a": -1.0, "\n\t\x01": -2.0}, {}, {"\\": -1.0}, {}]
     assert list(got["top_logprobs"][1]) == ["a", "\n\t\x01"]
     assert completion_logprobs(tok, [], [], [], 3)["text_offset"] == []
+
+
+def _logprob_cases(rng):
+    """(ids, logprobs, alternatives, offset): none, empty (logprobs=0), dicts or pairs, and every special float."""
+    specials = [float("-inf"), float("inf"), float("nan"), -0.0, 0.0, -1e-45, -3.4028234663852886e38, -0.1]
+    for _ in range(300):
+        k = rng.randrange(0, 5)
+        ids = [rng.randrange(len(TOKEN_TEXTS)) for _ in range(k)]
+        lps = [rng.choice(specials) if rng.random() < 0.3 else -rng.random() * 30 for _ in ids]
+        tops = rng.choice([None, [{} for _ in ids], [[] for _ in ids],
+                           [{rng.randrange(len(TOKEN_TEXTS)): -rng.random() for _ in range(rng.randrange(3))}
+                            for _ in ids]])
+        yield ids, lps, tops, rng.randrange(1000)
+
+
+def test_completion_logprobs_json_equals_the_encoder_on_the_dict():
+    """The chunks' written-out logprobs (the fast path for none or empty alternatives, and the fallback) equal
+    dumps(completion_logprobs(...)) byte for byte."""
+    import random
+
+    from samebits.server.responses import completion_logprobs, completion_logprobs_json
+
+    w = _writer("text", True)
+    rng = random.Random(SEED)
+    for ids, lps, tops, offset in _logprob_cases(rng):
+        want = dumps(completion_logprobs(w.state.token_text, ids, lps, tops, offset))
+        assert completion_logprobs_json(w.state, ids, lps, tops, offset) == want, (ids, lps, tops)
+
+
+def test_negative_control_a_float_written_otherwise_shows():
+    """The check above catches a one-character difference: floats written with %.17g instead of the encoder's
+    repr (-0.1 becomes -0.10000000000000001) are reported."""
+    import random
+
+    import pytest
+
+    from samebits.server import responses
+
+    w = _writer("text", True)
+    rng = random.Random(SEED)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(responses, "lp_json", lambda v: f"{responses.lp(v):.17g}")
+    try:
+        differ = sum(responses.completion_logprobs_json(w.state, ids, lps, tops, offset)
+                     != dumps(responses.completion_logprobs(w.state.token_text, ids, lps, tops, offset))
+                     for ids, lps, tops, offset in _logprob_cases(rng))
+    finally:
+        mp.undo()
+    assert differ > 0
