@@ -255,8 +255,8 @@ class StreamWriter:
         self.echo_waits = job.kind == "text" and job.echo and job.logprobs
         self.prefix_len: dict[int, int] = {}
         # Every token's chunk starts the same: `data: ` and the head up to the choices list, rendered from the same
-        # head as the other chunks once, not again per token.
-        self.envelope = "data: " + dumps({**self._head(), "choices": []})[:-2]
+        # head as the other chunks and encoded once, not again per token.
+        self.envelope = ("data: " + dumps({**self._head(), "choices": []})[:-2]).encode()
         # Where a choice's text goes: {"index":i,"text":"..." or {"index":i,"delta":{"content":"..."}.
         self.text_key, self.text_end = ('"text":', "") if job.kind == "text" else ('"delta":{"content":', "}")
 
@@ -306,7 +306,7 @@ class StreamWriter:
             offset = self.prefix_len.get(i, 0) + cursor.chars
             step = cursor.advance(c, self.job.stops)
             if step is not None:
-                events.append(f"{self.envelope}{self._choice(index, c, *step, offset)}]}}\n\n".encode())
+                events.append(self.envelope + self._choice(index, c, *step, offset).encode() + CHUNK_END)
                 if self.job.logprobs:  # only text_offset reads it
                     cursor.chars += sum(map(len, map(self.state.token_text, step[0])))
         return events
@@ -348,3 +348,4 @@ def error_event(e: BaseException) -> bytes:
 
 
 DONE_EVENT = b"data: [DONE]\n\n"
+CHUNK_END = b"]}\n\n"  # a token chunk after its one choice: the choices list, the chunk, the event

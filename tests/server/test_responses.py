@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from samebits.server.responses import ChoiceCursor, dumps, lp, safe_text
+from samebits.server.responses import CHUNK_END, ChoiceCursor, dumps, lp, safe_text
 
 
 def test_safe_text_holds_back_partial_characters_and_stop_prefixes():
@@ -104,7 +104,7 @@ def test_chunks_equal_the_json_encoder_on_the_same_dicts():
                         for end in (start, start + 1, len(c.token_ids)):
                             ids, text = c.token_ids[start:end], rng.choice(["", c.text, '"\\\u2028\x7f'])
                             offset = rng.randrange(100)
-                            got = f"{w.envelope}{w._choice(5, c, ids, start, text, offset)}]}}\n\n".encode()
+                            got = w.envelope + w._choice(5, c, ids, start, text, offset).encode() + CHUNK_END
                             assert got == _reference(w, 5, c, ids, start, text, offset), (kind, logprobs, finish)
                             cases += 1
     assert cases > 200
@@ -116,7 +116,7 @@ def test_negative_control_a_reordered_field_shows():
     w = _writer("text", False)
     c = _random_output(__import__("random").Random(SEED), 3, None, "length")
     swapped = {"index": 5, "text": c.text, "finish_reason": "length", "logprobs": None, "token_ids": c.token_ids}
-    ours = f"{w.envelope}{w._choice(5, c, c.token_ids, 0, c.text, 0)}]}}\n\n".encode()
+    ours = w.envelope + w._choice(5, c, c.token_ids, 0, c.text, 0).encode() + CHUNK_END
     assert ours != _sse({**w._head(), "choices": [swapped]})
     assert ours == _reference(w, 5, c, c.token_ids, 0, c.text, 0)
 
