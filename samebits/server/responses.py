@@ -63,19 +63,22 @@ def completion_logprobs(tok: Callable[[int], str], ids: list[int], lps: list[flo
 
 
 def completion_logprobs_json(state, ids: list[int], lps: list[float], tops: list | None,
-                             offset: int) -> str:
-    """dumps(completion_logprobs(...)) written out for a chunk, where alternatives are none or empty
-    (logprobs=0): one cached JSON string per token, no dicts (tests/server/test_responses.py holds the two equal)."""
+                             offset: int) -> tuple[str, int]:
+    """(dumps(completion_logprobs(...)), the tokens' text length), written out for a chunk where alternatives are
+    none or empty (logprobs=0): one cached JSON string per token, no dicts (tests/server/test_responses.py holds the
+    two equal). The length is where the next chunk's text_offset starts."""
     if tops and any(tops):
-        return dumps(completion_logprobs(state.token_text, ids, lps, tops, offset))
-    tokens, offsets = [], []
+        return (dumps(completion_logprobs(state.token_text, ids, lps, tops, offset)),
+                sum(map(len, map(state.token_text, ids))))
+    tokens, offsets, at = [], [], offset
     for t in ids:
         tokens.append(state.token_json(t))
-        offsets.append(str(offset))
-        offset += len(state.token_text(t))
+        offsets.append(str(at))
+        at += len(state.token_text(t))
     top = "null" if tops is None else f"[{','.join(['{}'] * len(tops))}]"
-    return (f'{{"tokens":[{",".join(tokens)}],"token_logprobs":[{",".join(map(lp_json, lps))}],'
+    text = (f'{{"tokens":[{",".join(tokens)}],"token_logprobs":[{",".join(map(lp_json, lps))}],'
             f'"top_logprobs":{top},"text_offset":[{",".join(offsets)}]}}')
+    return text, at - offset
 
 
 def prompt_completion_logprobs(tok: Callable[[int], str], ids: list[int], plp, k: int) -> dict:
@@ -259,6 +262,9 @@ class StreamWriter:
         self.envelope = ("data: " + dumps({**self._head(), "choices": []})[:-2]).encode()
         # Where a choice's text goes: {"index":i,"text":"..." or {"index":i,"delta":{"content":"..."}.
         self.text_key, self.text_end = ('"text":', "") if job.kind == "text" else ('"delta":{"content":', "}")
+        # What every token reads of the job, in one attribute each.
+        self.n, self.stops, self.logprobs, self.echo_only = job.params.n, job.stops, job.logprobs, job.echo_only
+        self.chat = job.kind == "chat"
 
     def opening(self) -> list[bytes]:
         """The events before any output's: chat's role deltas, or the echoed prompts when they need no output."""
@@ -297,37 +303,39 @@ class StreamWriter:
         """The events of sub i's latest output: its echo if due, then one chunk per choice with something new."""
         self.last[i] = out
         events = [_sse(c) for c in self._echo(i, out)] if self.echo_waits and i not in self.prefix_len else []
-        first = i * self.job.params.n
+        first, cursors = i * self.n, self.cursors
         for c in out.outputs:
             index = first + c.index
-            cursor = self.cursors.get(index)
+            cursor = cursors.get(index)
             if cursor is None:
-                cursor = self.cursors[index] = ChoiceCursor()
-            offset = self.prefix_len.get(i, 0) + cursor.chars
-            step = cursor.advance(c, self.job.stops)
+                cursor = cursors[index] = ChoiceCursor()
+            step = cursor.advance(c, self.stops)
             if step is not None:
-                events.append(self.envelope + self._choice(index, c, *step, offset).encode() + CHUNK_END)
-                if self.job.logprobs:  # only text_offset reads it
-                    cursor.chars += sum(map(len, map(self.state.token_text, step[0])))
+                choice, chars = self._choice(index, c, step[0], step[1], step[2],
+                                             self.prefix_len.get(i, 0) + cursor.chars)
+                events.append(self.envelope + choice.encode() + CHUNK_END)
+                cursor.chars += chars
         return events
 
-    def _choice(self, index: int, c, ids: list[int], start: int, text: str, offset: int) -> str:
-        """One choice's JSON, written out: the JSON encoder on a dict, as the other chunks are, costs several
-        times as much per token (tests/server/test_responses.py holds the two equal)."""
+    def _choice(self, index: int, c, ids: list[int], start: int, text: str, offset: int) -> tuple[str, int]:
+        """(One choice's JSON, its tokens' text length for text_offset), written out: the JSON encoder on a dict,
+        as the other chunks are, costs several times as much per token (tests/server/test_responses.py holds the
+        two equal)."""
         finish = c.finish_reason if c.finish_reason is not None and start + len(ids) == len(c.token_ids) else None
-        if self.job.echo_only:  # the one token drawn to get the prompt scored is not part of the answer
+        if self.echo_only:  # the one token drawn to get the prompt scored is not part of the answer
             ids, text = [], ""
-        lps_json = self._logprobs_json(c, ids, start, offset) if self.job.logprobs else "null"
+        lps_json, chars = self._logprobs_json(c, ids, start, offset) if self.logprobs else ("null", 0)
         finish_json = "null" if finish is None else encode_basestring(finish)
-        return (f'{{"index":{index},{self.text_key}{encode_basestring(text)}{self.text_end},"logprobs":{lps_json},'
-                f'"finish_reason":{finish_json},"token_ids":[{",".join(map(str, ids))}]}}')
+        choice = (f'{{"index":{index},{self.text_key}{encode_basestring(text)}{self.text_end},"logprobs":{lps_json},'
+                  f'"finish_reason":{finish_json},"token_ids":[{",".join(map(str, ids))}]}}')
+        return choice, chars
 
-    def _logprobs_json(self, c, ids: list[int], start: int, offset: int) -> str:
+    def _logprobs_json(self, c, ids: list[int], start: int, offset: int) -> tuple[str, int]:
         if c.token_logprobs is None:
-            return "null"
+            return "null", 0
         end = start + len(ids)
-        if self.job.kind == "chat":
-            return dumps(_chat_logprobs(self.state, c, ids, start))
+        if self.chat:  # no text_offset: the length is not needed
+            return dumps(_chat_logprobs(self.state, c, ids, start)), 0
         tops = None if c.top_logprobs is None else c.top_logprobs[start:end]
         return completion_logprobs_json(self.state, ids, c.token_logprobs[start:end], tops, offset)
 

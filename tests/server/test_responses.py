@@ -104,7 +104,7 @@ def test_chunks_equal_the_json_encoder_on_the_same_dicts():
                         for end in (start, start + 1, len(c.token_ids)):
                             ids, text = c.token_ids[start:end], rng.choice(["", c.text, '"\\\u2028\x7f'])
                             offset = rng.randrange(100)
-                            got = w.envelope + w._choice(5, c, ids, start, text, offset).encode() + CHUNK_END
+                            got = w.envelope + w._choice(5, c, ids, start, text, offset)[0].encode() + CHUNK_END
                             assert got == _reference(w, 5, c, ids, start, text, offset), (kind, logprobs, finish)
                             cases += 1
     assert cases > 200
@@ -116,7 +116,7 @@ def test_negative_control_a_reordered_field_shows():
     w = _writer("text", False)
     c = _random_output(__import__("random").Random(SEED), 3, None, "length")
     swapped = {"index": 5, "text": c.text, "finish_reason": "length", "logprobs": None, "token_ids": c.token_ids}
-    ours = w.envelope + w._choice(5, c, c.token_ids, 0, c.text, 0).encode() + CHUNK_END
+    ours = w.envelope + w._choice(5, c, c.token_ids, 0, c.text, 0)[0].encode() + CHUNK_END
     assert ours != _sse({**w._head(), "choices": [swapped]})
     assert ours == _reference(w, 5, c, c.token_ids, 0, c.text, 0)
 
@@ -159,7 +159,9 @@ def test_completion_logprobs_json_equals_the_encoder_on_the_dict():
     rng = random.Random(SEED)
     for ids, lps, tops, offset in _logprob_cases(rng):
         want = dumps(completion_logprobs(w.state.token_text, ids, lps, tops, offset))
-        assert completion_logprobs_json(w.state, ids, lps, tops, offset) == want, (ids, lps, tops)
+        got, chars = completion_logprobs_json(w.state, ids, lps, tops, offset)
+        assert got == want, (ids, lps, tops)
+        assert chars == sum(len(TOKEN_TEXTS[t]) for t in ids)
 
 
 def test_negative_control_a_float_written_otherwise_shows():
@@ -176,7 +178,7 @@ def test_negative_control_a_float_written_otherwise_shows():
     mp = pytest.MonkeyPatch()
     mp.setattr(responses, "lp_json", lambda v: f"{responses.lp(v):.17g}")
     try:
-        differ = sum(responses.completion_logprobs_json(w.state, ids, lps, tops, offset)
+        differ = sum(responses.completion_logprobs_json(w.state, ids, lps, tops, offset)[0]
                      != dumps(responses.completion_logprobs(w.state.token_text, ids, lps, tops, offset))
                      for ids, lps, tops, offset in _logprob_cases(rng))
     finally:
