@@ -72,9 +72,10 @@ def completion_logprobs_json(state, ids: list[int], lps: list[float], tops: list
                 sum(map(len, map(state.token_text, ids))))
     tokens, offsets, at = [], [], offset
     for t in ids:
-        tokens.append(state.token_json(t))
+        token, length = state.token_json(t)
+        tokens.append(token)
         offsets.append(str(at))
-        at += len(state.token_text(t))
+        at += length
     top = "null" if tops is None else f"[{','.join(['{}'] * len(tops))}]"
     text = (f'{{"tokens":[{",".join(tokens)}],"token_logprobs":[{",".join(map(lp_json, lps))}],'
             f'"top_logprobs":{top},"text_offset":[{",".join(offsets)}]}}')
@@ -324,20 +325,18 @@ class StreamWriter:
         finish = c.finish_reason if c.finish_reason is not None and start + len(ids) == len(c.token_ids) else None
         if self.echo_only:  # the one token drawn to get the prompt scored is not part of the answer
             ids, text = [], ""
-        lps_json, chars = self._logprobs_json(c, ids, start, offset) if self.logprobs else ("null", 0)
+        lps_json, chars = "null", 0
+        if self.logprobs and c.token_logprobs is not None:
+            end = start + len(ids)
+            if self.chat:  # no text_offset: the length is not needed
+                lps_json = dumps(_chat_logprobs(self.state, c, ids, start))
+            else:
+                tops = None if c.top_logprobs is None else c.top_logprobs[start:end]
+                lps_json, chars = completion_logprobs_json(self.state, ids, c.token_logprobs[start:end], tops, offset)
         finish_json = "null" if finish is None else encode_basestring(finish)
         choice = (f'{{"index":{index},{self.text_key}{encode_basestring(text)}{self.text_end},"logprobs":{lps_json},'
                   f'"finish_reason":{finish_json},"token_ids":[{",".join(map(str, ids))}]}}')
         return choice, chars
-
-    def _logprobs_json(self, c, ids: list[int], start: int, offset: int) -> tuple[str, int]:
-        if c.token_logprobs is None:
-            return "null", 0
-        end = start + len(ids)
-        if self.chat:  # no text_offset: the length is not needed
-            return dumps(_chat_logprobs(self.state, c, ids, start)), 0
-        tops = None if c.top_logprobs is None else c.top_logprobs[start:end]
-        return completion_logprobs_json(self.state, ids, c.token_logprobs[start:end], tops, offset)
 
     def _closing(self) -> list[dict]:
         if not self.job.include_usage:

@@ -52,7 +52,8 @@ def _writer(kind: str, logprobs: bool, echo_only: bool = False, n: int = 2):
     from samebits.server.requests import Job, Meta
     from samebits.server.responses import StreamWriter
 
-    state = SimpleNamespace(token_text=TOKEN_TEXTS.__getitem__, token_json=lambda t: encode_basestring(TOKEN_TEXTS[t]))
+    state = SimpleNamespace(token_text=TOKEN_TEXTS.__getitem__,
+                            token_json=lambda t: (encode_basestring(TOKEN_TEXTS[t]), len(TOKEN_TEXTS[t])))
     meta = Meta("cmpl-ü\"x", 1700000000, "tiny/\u00e9", "fp\\1", 2**63 - 1)
     job = Job(kind, meta, [], SimpleNamespace(n=n), [], False, logprobs, False, echo_only=echo_only)
     return StreamWriter(state, job)
