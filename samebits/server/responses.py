@@ -62,7 +62,7 @@ def completion_logprobs(tok: Callable[[int], str], ids: list[int], lps: list[flo
     return {"tokens": tokens, "token_logprobs": [lp(v) for v in lps], "top_logprobs": top, "text_offset": offsets}
 
 
-def completion_logprobs_json(state, ids: list[int], lps: list[float], tops: list | None,
+def completion_logprobs_json(state: ServerState, ids: list[int], lps: list[float], tops: list | None,
                              offset: int) -> tuple[str, int]:
     """(dumps(completion_logprobs(...)), the tokens' text length), written out for a chunk where alternatives are
     none or empty (logprobs=0): one cached JSON string per token, no dicts (tests/server/test_responses.py holds the
