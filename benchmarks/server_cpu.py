@@ -22,7 +22,8 @@ event loop alone, best of 2 per run over 5 alternating runs each (the VM's other
 backend 30.2-40.7 -> 20.8-32.4 us per output token (best 30.2 -> 20.8, 7.7 -> 5.3 ms per step), process backend
 27.3-31.9 -> 21.7-22.2 (the receiver, 6.6-9.1 -> 7.3-8.0, is untouched). Counted by callgrind instead (instructions,
 which no neighbour moves; the event-loop thread at the margin of 64 requests x 32 -> 96 tokens, 500 ms steps):
-thread 91.0k -> 66.0k per output token (-27%), process 93.0k -> 71.3k (-23%).
+thread 91.0k -> 66.0-68.1k per output token (-25 to -27%; a run's wake-ups still vary), process 93.0k -> 71.3k
+(-23%).
 """
 from __future__ import annotations
 
