@@ -22,7 +22,7 @@ from samebits.server.middleware import GuardMiddleware
 from samebits.server.protocol import ChatRequest, CompletionRequest
 from samebits.server.requests import chat_job, completion_job, read_model
 from samebits.server.responses import json_response
-from samebits.server.run import RAW_SEND, STATUS_CLIENT_GONE, respond
+from samebits.server.run import STATUS_CLIENT_GONE, respond
 from samebits.server.state import ServerState
 
 log = logging.getLogger("samebits.server")
@@ -147,17 +147,9 @@ def _add_handlers(app: FastAPI) -> None:
         return error_response(exc)
 
 
-class SamebitsApp(FastAPI):
-    """FastAPI, with uvicorn's send in the scope for the SSE streams' body messages (run.py RAW_SEND)."""
-
-    async def __call__(self, scope, receive, send) -> None:
-        scope[RAW_SEND] = send
-        await super().__call__(scope, receive, send)
-
-
 def build_app(async_engine, server_config) -> FastAPI:
     state = ServerState(async_engine, server_config)
-    app = SamebitsApp(title="samebits", version=__version__, docs_url=None, redoc_url=None, openapi_url=None,
+    app = FastAPI(title="samebits", version=__version__, docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=_lifespan(state))
     app.state.samebits = state
     _add_routes(app, state)

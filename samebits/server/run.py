@@ -16,11 +16,6 @@ from samebits.server.responses import DONE_EVENT, StreamWriter, chat_body, error
 from samebits.server.state import ServerState
 
 STATUS_CLIENT_GONE = 499  # nginx's convention; nobody reads it, but logs and metrics do
-# The scope key of the server's own send (app.py SamebitsApp puts it there): an SSE stream sends its events to it
-# directly, four coroutine calls a chunk fewer. Every send wrapper between (Starlette's and FastAPI's middlewares, the
-# route's, GuardMiddleware's, FastAPI's telemetry) acts on http.response.start or on the last body message only, and
-# those two still go through them all (tests/server/test_sse_bytes.py lists the stack).
-RAW_SEND = "samebits.send"
 
 
 class ClientGone(Exception):
@@ -98,14 +93,14 @@ class SSEResponse(Response):
                                   (b"cache-control", b"no-cache")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         try:
-            await race_disconnect(self._pump(scope.get(RAW_SEND, send), send), receive)
+            await race_disconnect(self._pump(send), receive)
         except (ClientGone, OSError):
             self.on_disconnect()
 
-    async def _pump(self, send_event, send) -> None:
-        """The events, then [DONE], through `send_event`; the end of the body through `send`. An error from the
-        engine or from rendering ends the stream as its last event; an error from a send is not the client's to
-        read and propagates. Leaving in any way closes `outputs` (aborting its requests)."""
+    async def _pump(self, send) -> None:
+        """The events, then [DONE], then the end of the body. An error from the engine or from rendering ends the
+        stream as its last event; an error from a send is not the client's to read and propagates. Leaving in any
+        way closes `outputs` (aborting its requests)."""
         outputs, feed = self.outputs, self.feed
         try:
             events, done = _rendered(self.writer.opening)
@@ -114,7 +109,7 @@ class SSEResponse(Response):
                 events += more
             while True:
                 for event in events:
-                    await send_event({"type": "http.response.body", "body": event, "more_body": True})
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
                 if done:
                     break
                 try:
@@ -125,7 +120,7 @@ class SSEResponse(Response):
                     events, done = [error_event(e)], True
         finally:
             await outputs.aclose()
-        await send_event({"type": "http.response.body", "body": DONE_EVENT, "more_body": True})
+        await send({"type": "http.response.body", "body": DONE_EVENT, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

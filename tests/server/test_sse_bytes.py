@@ -322,25 +322,6 @@ def test_negative_control_one_changed_byte_shows(recorded):
     assert differences(split, recorded)
 
 
-def test_sse_events_skip_only_wrappers_that_ignore_them():
-    """SSE events go to the server's send directly (run.py RAW_SEND), past every send wrapper of the stack, each of
-    which acts on http.response.start alone (Starlette's ServerErrorMiddleware and ExceptionMiddleware, FastAPI's
-    AppBodyLimitMiddleware, GuardMiddleware; FastAPI's telemetry also on the last body message, which goes through
-    them all) or wraps no send (ExceptionTelemetryMiddleware, AsyncExitStackMiddleware). A middleware added to the
-    app (or by a FastAPI upgrade) would be skipped too: this fails first, so that whoever adds one checks there."""
-    from samebits.server.app import build_app
-    from samebits.server.config import ServerConfig
-
-    config = ServerConfig.from_dict({"model": "golden", "port": 0, "log_level": "warning"})
-    app = build_app(ScriptedAsyncEngine(GoldenEngine()), config)
-    layers, layer = [], app.build_middleware_stack()
-    while hasattr(layer, "app"):
-        layers.append(type(layer).__name__)
-        layer = layer.app
-    assert layers == ["ServerErrorMiddleware", "ExceptionTelemetryMiddleware", "AppBodyLimitMiddleware",
-                      "GuardMiddleware", "ExceptionMiddleware", "AsyncExitStackMiddleware", "APIRouter"]
-
-
 def _write() -> None:
     from pytest import MonkeyPatch
 
