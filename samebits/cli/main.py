@@ -350,7 +350,8 @@ SERVE_HELP = {
                         "of context).",
     "default_max_tokens": "max_tokens of a chat request that sends none (at most the rest of the context).",
     "allow_special_tokens": "Let completion prompts spell special tokens (<|im_end|>...); chat content never can.",
-    "engine_process": "Run the engine in its own process, so HTTP work never takes the step's GIL (tensor_parallel_size 1).",
+    "engine_process": "Run the engine in its own process, so HTTP work never takes the step's GIL (tensor_parallel_size "
+                      "1; default: on for CUDA at tensor_parallel_size 1, the engine thread otherwise).",
     "timeout_header": "Seconds a connection has to send a request's headers.",
     "timeout_body": "Seconds a request has to send its body once its headers are in.",
     "max_connections": "Open connections; more are answered 503 and closed.",

@@ -4,8 +4,8 @@ Only the engine thread touches the engine (it is not thread-safe): the event loo
 through a deque and a wake-up event, and the thread sends back outputs with `call_soon_threadsafe`. Outputs are
 cumulative, so each request keeps only its latest one: a slow reader skips intermediate steps, never tokens.
 
-Relies on `LLMEngine.step()` returning fresh RequestOutputs (new lists each step) that the engine never mutates
-afterwards, so they cross threads without a copy. Tokens and latencies are counted from `LLMEngine.progress()`, which
+Relies on `LLMEngine.step()` returning fresh RequestOutputs whose lists (or read-only views, while a request runs)
+never change afterwards, so they cross threads without a copy. Tokens and latencies are counted from `LLMEngine.progress()`, which
 covers every request a step advanced: a non-streamed request asks the engine for its final output only
 (RequestOutputKind.FINAL_ONLY), so none is built for it at the steps between.
 """

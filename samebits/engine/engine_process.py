@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import itertools
 import multiprocessing
 import multiprocessing.connection
@@ -228,6 +229,9 @@ def child_main(config: EngineConfig, loaded: Callable[[], Any] | None, make_engi
     try:
         with runtime_for(config.mode):
             engine = (make_engine or LLMEngine)(config, loaded=loaded() if loaded is not None else None)
+            # The engine, torch and the model live as long as this process: the cyclic collector's full passes skip
+            # them instead of walking them again between steps (as the server's process does, server/app.py).
+            gc.freeze()
             outputs.send(("ready", engine.info(), engine.tokenizer, engine.fingerprint(), engine.stats()))
             _serve(engine, commands, outputs)
     except (EOFError, BrokenPipeError):

@@ -50,9 +50,9 @@ class SampledStep:
         # tolist turns float32 into the Python floats of exactly those values: no bit is lost.
         tokens, lps, ids, vals = (t.tolist() for t in self._host)
         results = {}
-        for i, s in enumerate(self.seqs):
-            top = {ids[i][j]: vals[i][j] for j in range(s.params.logprobs or 0)}
-            results[s.seq_id] = StepResult(tokens[i], lps[i], top)
+        for s, token, lp, top_ids, top_vals in zip(self.seqs, tokens, lps, ids, vals):
+            k = s.params.logprobs
+            results[s.seq_id] = StepResult(token, lp, dict(zip(top_ids[:k], top_vals[:k])) if k else {})
         return results
 
     def prompt_to_host(self) -> dict[int, PromptStepResult]:
@@ -215,12 +215,14 @@ class ModelRunner:
     def _pending_filler(self, scheduled, ends: list[int], previous: SampledStep | None):
         """A function writing, into a step's input ids, the pending tokens `previous` drew; None if there are none."""
         where, rows = [], []
+        drawn_rows = previous.row if previous is not None else {}
         for s, end in zip(scheduled, ends):
             if s.seq.token_ids[s.context_len - 1] == PENDING:
-                if previous is None or s.seq.seq_id not in previous.row:
+                row = drawn_rows.get(s.seq.seq_id)
+                if row is None:
                     raise RuntimeError(f"{s.seq!r}: its pending token was not drawn by the previous step")
                 where.append(end - 1)
-                rows.append(previous.row[s.seq.seq_id])
+                rows.append(row)
         if not where:
             return None
         index = to_device([where, rows], torch.int64, self.device)

@@ -5,15 +5,14 @@ than a decode step), so the engine's side sends only what is new since it last s
 logprobs and top logprobs appended, the text as (characters kept, new tail) (a stop string can cut text back), and
 the few scalars whole. The server's side appends them to its copy and hands out fresh RequestOutputs equal to the
 engine's own, every value (float bits, text, finish and stop reasons, cached tokens, times) carried, none recomputed.
-Their lists are `Prefix` views of the copy's, which only grow: a step costs the server O(new tokens), not a copy of
+Their lists are `ListView`s of the copy's, which only grow: a step costs the server O(new tokens), not a copy of
 every list so far (that was most of the receiver's time: benchmarks/server_cpu.py).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from samebits.engine.outputs import CompletionOutput, RequestOutput
+from samebits.engine.outputs import CompletionOutput, ListView, RequestOutput
 
 
 class DeltaEncoder:
@@ -49,35 +48,6 @@ def _sample_delta(c: CompletionOutput, n: int, text: str) -> tuple:
     return (c.index, c.token_ids[n:], None if c.token_logprobs is None else c.token_logprobs[n:],
             None if c.top_logprobs is None else c.top_logprobs[n:], keep, c.text[keep:], c.cumulative_logprob,
             c.finish_reason, c.stop_reason)
-
-
-class Prefix(Sequence):
-    """The first `n` items of a list that is only ever appended to: later appends never show here."""
-
-    __slots__ = ("_items", "_n")
-
-    def __init__(self, items: list, n: int) -> None:
-        self._items, self._n = items, n
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            start, stop, step = i.indices(self._n)
-            return self._items[start:stop:step] if step > 0 else self._items[:self._n][i]
-        if not -self._n <= i < self._n:
-            raise IndexError(f"index {i} out of range for {self._n} items")
-        return self._items[i % self._n]
-
-    def __iter__(self):
-        return iter(self._items[:self._n])
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Sequence) and len(other) == self._n and list(self) == list(other)
-
-    def __repr__(self) -> str:
-        return repr(self._items[:self._n])
 
 
 @dataclass
@@ -134,7 +104,7 @@ def _apply(sample: _Sample, delta: tuple) -> CompletionOutput:
     # Views that stay as they are now, as the engine's fresh lists do: a reader may keep an output while later ones
     # arrive.
     n = len(sample.token_ids)
-    return CompletionOutput(index, sample.text, Prefix(sample.token_ids, n),
-                            None if sample.token_logprobs is None else Prefix(sample.token_logprobs, n),
-                            None if sample.top_logprobs is None else Prefix(sample.top_logprobs, n),
+    return CompletionOutput(index, sample.text, ListView(sample.token_ids, 0, n),
+                            None if sample.token_logprobs is None else ListView(sample.token_logprobs, 0, n),
+                            None if sample.top_logprobs is None else ListView(sample.top_logprobs, 0, n),
                             cumulative, finish_reason, stop_reason)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from samebits.engine.outputs import (
     CompletionOutput,
+    ListView,
     PromptLogprobs,
     PromptStepResult,
     RequestOutput,
@@ -128,7 +129,8 @@ class OutputProcessor:
             if result is None:
                 raise ValueError(f"no sampled token for {seq!r}, whose chunk ended with sample=True")
             finish = self._take(seq, result)
-            finished += [finish] if finish is not None else []
+            if finish is not None:
+                finished.append(finish)
         return finished
 
     def _take(self, seq: Sequence, result: StepResult) -> Finish | None:
@@ -144,9 +146,10 @@ class OutputProcessor:
         hide_eos = finish is not None and finish.reason == "stop" and finish.stop_reason is None \
             and not seq.params.include_stop_str_in_output
         grown = self._detokenize(seq, sample, flush=finish is not None, hide_last=hide_eos)
+        stops = seq.params.stop_strings
         # vLLM: no stop string ends a sample before min_tokens (the sampler masks eos and stop ids until then).
-        hit = find_stop_string(sample.text, grown, seq.params.stop_strings) \
-            if seq.num_generated > seq.params.min_tokens else None
+        hit = find_stop_string(sample.text, grown, stops) if stops and seq.num_generated > seq.params.min_tokens \
+            else None
         if hit is None:
             return finish
         stop, at = hit
@@ -156,15 +159,18 @@ class OutputProcessor:
 
     def _detokenize(self, seq: Sequence, sample: _SampleOutput, flush: bool, hide_last: bool = False) -> int:
         """Decode only a short window, so a step costs O(1) in output length; returns how many characters the
-        window grew by (where a new stop string can end)."""
-        ids, skip = seq.output_token_ids, seq.params.skip_special_tokens
-        before = self.tokenizer.decode(ids[sample.prefix:sample.read], skip_special_tokens=skip)
-        after = self.tokenizer.decode(ids[sample.prefix:], skip_special_tokens=skip)
+        window grew by (where a new stop string can end). The windows are sliced from seq.token_ids at the output's
+        offset, never from a copy of the whole output (`output_token_ids`), which would cost O(output) a step."""
+        ids, skip, decode = seq.token_ids, seq.params.skip_special_tokens, self.tokenizer.decode
+        first, end = seq.num_prompt_tokens, seq.num_resolved
+        start = first + sample.prefix
+        before = decode(ids[start:first + sample.read], skip_special_tokens=skip)
+        after = decode(ids[start:end], skip_special_tokens=skip)
         if len(after) > len(before) and not after.endswith("\ufffd"):  # wait for the rest of a split character
             sample.text += after[len(before):]
-            sample.prefix, sample.read = sample.read, len(ids)
+            sample.prefix, sample.read = sample.read, end - first
         if flush:  # nothing more will come: flush what a split character held back
-            sample.text = self.tokenizer.decode(ids[:len(ids) - hide_last], skip_special_tokens=skip)
+            sample.text = decode(ids[first:end - hide_last], skip_special_tokens=skip)
         return len(after) - len(before)
 
     # ---- outputs -------------------------------------------------------------------------------------------
@@ -184,19 +190,27 @@ class OutputProcessor:
     def _output(self, request_id: str) -> RequestOutput:
         req = self.requests[request_id]
         finished = all(s.is_finished for s in req.seqs)
-        out = RequestOutput(request_id, req.prompt, req.prompt_token_ids, [self._completion(s) for s in req.seqs],
+        out = RequestOutput(request_id, req.prompt, req.prompt_token_ids,
+                            [self._completion(s, finished) for s in req.seqs],
                             req.seqs[0].num_cached_tokens, req.seed, self.fingerprint(), finished,
                             prompt_logprobs=req.prompt_view(), first_scheduled_time=_first_scheduled(req))
         if finished:
             self.forget(request_id)
         return out
 
-    def _completion(self, seq: Sequence) -> CompletionOutput:
+    def _completion(self, seq: Sequence, final: bool) -> CompletionOutput:
+        """Lists in a request's final output; views of the sample's own lists before it (they change only past
+        what the views read: Sequence.resolve_token writes, and drops, only beyond num_resolved), so a running
+        request's output costs O(1) a step, not a copy of everything so far."""
         sample = self.samples[seq.seq_id]
         want = seq.params.logprobs is not None
-        return CompletionOutput(
-            index=seq.sample_index, text=sample.text, token_ids=seq.output_token_ids,
-            token_logprobs=list(sample.logprobs) if want else None,
-            top_logprobs=list(sample.top_logprobs) if want else None,
-            cumulative_logprob=sample.cumulative_logprob, finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason)
+        n = seq.num_generated
+        if final:
+            ids, lps, tops = seq.output_token_ids, list(sample.logprobs), list(sample.top_logprobs)
+        else:
+            first = seq.num_prompt_tokens
+            ids = ListView(seq.token_ids, first, first + n)
+            lps, tops = ListView(sample.logprobs, 0, n), ListView(sample.top_logprobs, 0, n)
+        # Positional (the field order of CompletionOutput): keywords cost twice the call, per sample per step.
+        return CompletionOutput(seq.sample_index, sample.text, ids, lps if want else None, tops if want else None,
+                                sample.cumulative_logprob, seq.finish_reason, seq.stop_reason)

@@ -101,16 +101,49 @@ class PromptLogprobs(SampleLogprobs):
         return f"PromptLogprobs({list(self)!r})"
 
 
+class ListView(Sequence):
+    """items[start:stop] of a list that only changes past `stop` (appended to, or rewritten there): what it reads
+    never changes, so a running request's outputs share the engine's lists instead of copying them every step."""
+
+    __slots__ = ("_items", "_n", "_start")
+
+    def __init__(self, items: list, start: int, stop: int) -> None:
+        self._items, self._start, self._n = items, start, stop - start
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self._n)
+            if step > 0:
+                return self._items[self._start + start:self._start + stop:step]
+            return list(self)[i]
+        if not -self._n <= i < self._n:
+            raise IndexError(f"index {i} out of range for {self._n} items")
+        return self._items[self._start + i % self._n]
+
+    def __iter__(self):
+        return iter(self._items[self._start:self._start + self._n])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(other) == self._n and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
 @dataclass
 class CompletionOutput:
     index: int
     text: str
-    token_ids: list[int]
+    # The sequences below are lists in a request's finished output and read-only ListViews while it runs.
+    token_ids: Sequence[int]
     # Sampled token's logprob per step; python floats that are exactly float32 values, so bits survive JSON.
     # (`logprobs` holds the same values in vLLM's shape.)
-    token_logprobs: list[float] | None = None
+    token_logprobs: Sequence[float] | None = None
     # Per step: {token_id: logprob} for the top-k alternatives when SamplingParams.logprobs > 0, best first.
-    top_logprobs: list[dict[int, float]] | None = None
+    top_logprobs: Sequence[dict[int, float]] | None = None
     cumulative_logprob: float | None = None
     # "stop" | "length" | "abort" | None while running.
     finish_reason: str | None = None

@@ -16,6 +16,7 @@ Why the bits of a query row cannot depend on the batch:
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -49,17 +50,20 @@ class AttentionMetadata:
     def build(cls, query_lens, context_lens, block_tables, block_size: int, device=None) -> AttentionMetadata:
         """From host lists: query_lens[b] new tokens, context_lens[b] total tokens, block_tables[b] block ids."""
         query_lens, context_lens = [int(x) for x in query_lens], [int(x) for x in context_lens]
-        tables = [list(map(int, t)) for t in (block_tables.tolist() if torch.is_tensor(block_tables) else block_tables)]
+        # The engine's tables are lists of ints already: only other rows (tensors, arrays) are converted.
+        rows = block_tables.tolist() if torch.is_tensor(block_tables) else block_tables
+        tables = [t if type(t) is list else list(map(int, t)) for t in rows]
         _check_lens(query_lens, context_lens, tables, block_size)
-        cu = [0]
         slots: list[int] = []
         for q_len, ctx, table in zip(query_lens, context_lens, tables):
-            cu.append(cu[-1] + q_len)
-            slots += [kv_slot(table, p, block_size) for p in range(ctx - q_len, ctx)]
+            if q_len == 1:  # a decode row: one slot, no comprehension
+                slots.append(kv_slot(table, ctx - 1, block_size))
+            else:
+                slots += [table[p // block_size] * block_size + p % block_size for p in range(ctx - q_len, ctx)]
         width = max([len(t) for t in tables] + [1])
         padded = [t + [0] * (width - len(t)) for t in tables]
         return cls(
-            cu_seqlens_q=to_device(cu, torch.int32, device),
+            cu_seqlens_q=to_device(list(itertools.accumulate(query_lens, initial=0)), torch.int32, device),
             context_lens=to_device(context_lens, torch.int32, device),
             block_tables=to_device(padded, torch.int32, device).reshape(len(tables), width),
             slot_mapping=to_device(slots, torch.int64, device),

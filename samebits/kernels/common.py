@@ -1,7 +1,9 @@
 """Shared guards of the deterministic backends (fail loud, never fall back) and small helpers of the kernels."""
 from __future__ import annotations
 
+import itertools
 import os
+from array import array
 
 import torch
 
@@ -79,14 +81,41 @@ def per_entry(matmul, a, b):
     return out
 
 
+# Integer lists cross through an array of the same C type: torch.tensor checks every element's Python type, which
+# cost twice as much for a decode step's 256 x 44 input rows (benchmarks/host_step.py).
+_ARRAY_TYPES = {torch.int64: "q", torch.int32: "i"}
+
+
 def to_device(values, dtype: torch.dtype, device) -> torch.Tensor:
-    """A host list as a tensor on `device` without a host sync: on CUDA staged in pinned memory and copied
-    non_blocking, so building a step's inputs never waits for the GPU to finish the previous launch (the caching host
-    allocator keeps the staging buffer until the copy has run)."""
+    """A host list (or a list of equal-length rows) as a tensor on `device` without a host sync: on CUDA staged in
+    pinned memory and copied non_blocking, so building a step's inputs never waits for the GPU to finish the previous
+    launch (the caching host allocator keeps the staging buffer until the copy has run)."""
     device = torch.device(device) if device is not None else torch.device("cpu")
+    host = _host_ints(values, dtype) if dtype in _ARRAY_TYPES else None
+    if host is None:
+        if device.type != "cuda":
+            return torch.tensor(values, dtype=dtype, device=device)
+        return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
     if device.type != "cuda":
-        return torch.tensor(values, dtype=dtype, device=device)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+        return host.to(device)
+    return torch.empty(host.shape, dtype=dtype, pin_memory=True).copy_(host).to(device, non_blocking=True)
+
+
+def _host_ints(values, dtype: torch.dtype) -> torch.Tensor | None:
+    """A flat list or a list of equal rows of ints as a CPU tensor over an array's buffer; None for any other
+    shape (torch.tensor then builds it, or says what is wrong with it)."""
+    if not isinstance(values, list) or not values:
+        return None
+    rows = isinstance(values[0], list)
+    width = len(values[0]) if rows else 0
+    if rows and (not width or any(len(row) != width for row in values)):
+        return None
+    try:  # a float among the ints: torch.tensor's path, which truncates it as before
+        flat = array(_ARRAY_TYPES[dtype], itertools.chain.from_iterable(values) if rows else values)
+    except TypeError:
+        return None
+    host = torch.frombuffer(flat, dtype=dtype)  # keeps `flat` alive
+    return host.view(len(values), width) if rows else host
 
 
 def interpreting() -> bool:

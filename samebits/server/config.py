@@ -54,8 +54,10 @@ class ServerConfig:
     max_connections: int = 1024
     log_level: str = "info"
     # The engine in its own process (engine/engine_process.py): the server's Python work then never holds the GIL the
-    # step needs. Off: the engine thread in the server's process.
-    engine_process: bool = False
+    # step needs. False: the engine thread in the server's process. None: the process on a CUDA device at
+    # tensor_parallel_size 1 (as vLLM V1 runs its EngineCore; on the H200 it served more than the thread,
+    # docs/BENCHMARKS.md §5), the thread otherwise (a CPU step's torch ops release the GIL; ranks need the thread).
+    engine_process: bool | None = None
 
     def __post_init__(self) -> None:
         self._check_engine()
@@ -68,8 +70,14 @@ class ServerConfig:
             raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")  # noqa: TRY004
         if self.engine.max_waiting is None:
             raise ValueError("max_waiting must be set for a server (its waiting queue is bounded), got None")
-        if not isinstance(self.engine_process, bool):
-            raise ValueError(f"engine_process must be a bool, got {self.engine_process!r}")  # noqa: TRY004
+        if self.engine_process is not None and not isinstance(self.engine_process, bool):
+            raise ValueError(f"engine_process must be None or a bool, got {self.engine_process!r}")
+
+    def uses_engine_process(self, device: str) -> bool:
+        """engine_process, with None resolved for the engine's device ("cuda:0", "cpu", ...)."""
+        if self.engine_process is not None:
+            return self.engine_process
+        return device.startswith("cuda") and self.engine.tensor_parallel_size == 1
 
     def _check_address(self) -> None:
         try:

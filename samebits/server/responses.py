@@ -36,6 +36,15 @@ def lp(value: float) -> float:
     return value if math.isfinite(value) else NEG_INF_LOGPROB
 
 
+def lp_json(value: float) -> str:
+    """lp(value) as the encoder writes it: float.__repr__, the JSON encoder's own."""
+    value = float(value)
+    return repr(value) if value - value == 0.0 else _NEG_INF_JSON  # inf - inf and nan - nan are nan
+
+
+_NEG_INF_JSON = repr(NEG_INF_LOGPROB)
+
+
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
@@ -51,6 +60,26 @@ def completion_logprobs(tok: Callable[[int], str], ids: list[int], lps: list[flo
     # logprobs=0 leaves every step's alternatives empty: the common case, which needs no sort.
     top = None if tops is None else [{tok(k): lp(v) for k, v in _items(d)} if d else {} for d in tops]
     return {"tokens": tokens, "token_logprobs": [lp(v) for v in lps], "top_logprobs": top, "text_offset": offsets}
+
+
+def completion_logprobs_json(state: ServerState, ids: list[int], lps: list[float], tops: list | None,
+                             offset: int) -> tuple[str, int]:
+    """(dumps(completion_logprobs(...)), the tokens' text length), written out for a chunk where alternatives are
+    none or empty (logprobs=0): one cached JSON string per token, no dicts (tests/server/test_responses.py holds the
+    two equal). The length is where the next chunk's text_offset starts."""
+    if tops and any(tops):
+        return (dumps(completion_logprobs(state.token_text, ids, lps, tops, offset)),
+                sum(map(len, map(state.token_text, ids))))
+    tokens, offsets, at = [], [], offset
+    for t in ids:
+        token, length = state.token_json(t)
+        tokens.append(token)
+        offsets.append(str(at))
+        at += length
+    top = "null" if tops is None else f"[{','.join(['{}'] * len(tops))}]"
+    text = (f'{{"tokens":[{",".join(tokens)}],"token_logprobs":[{",".join(map(lp_json, lps))}],'
+            f'"top_logprobs":{top},"text_offset":[{",".join(offsets)}]}}')
+    return text, at - offset
 
 
 def prompt_completion_logprobs(tok: Callable[[int], str], ids: list[int], plp, k: int) -> dict:
@@ -129,7 +158,9 @@ class ChoiceCursor:
         if self.done:
             return None
         finished = out.finish_reason is not None
-        safe = safe_text(out.text, stops, finished)
+        safe = out.text
+        if not finished and (stops or safe.endswith("\ufffd")):  # else all of it is final: no call
+            safe = safe_text(safe, stops, finished)
         delta = safe[len(self.text):] if safe.startswith(self.text) else ""
         start, ids = self.tokens, list(out.token_ids[self.tokens:])
         if not ids and not delta and not finished:
@@ -228,25 +259,21 @@ class StreamWriter:
         self.echo_waits = job.kind == "text" and job.echo and job.logprobs
         self.prefix_len: dict[int, int] = {}
         # Every token's chunk starts the same: `data: ` and the head up to the choices list, rendered from the same
-        # head as the other chunks once, not again per token.
-        self.envelope = "data: " + dumps({**self._head(), "choices": []})[:-2]
+        # head as the other chunks and encoded once, not again per token.
+        self.envelope = ("data: " + dumps({**self._head(), "choices": []})[:-2]).encode()
+        # Where a choice's text goes: {"index":i,"text":"..." or {"index":i,"delta":{"content":"..."}.
+        self.text_key, self.text_end = ('"text":', "") if job.kind == "text" else ('"delta":{"content":', "}")
+        # What every token reads of the job, in one attribute each.
+        self.n, self.stops, self.logprobs, self.echo_only = job.params.n, job.stops, job.logprobs, job.echo_only
+        self.chat = job.kind == "chat"
 
-    async def events(self, first, outputs):
-        try:
-            for chunk in self._opening():
-                yield _sse(chunk)
-            for event in self._feed(*first):
-                yield event
-            async for i, out in outputs:
-                for event in self._feed(i, out):
-                    yield event
-            for chunk in self._closing():
-                yield _sse(chunk)
-        except Exception as e:  # noqa: BLE001 - mid-stream: the status is already 200, so the error travels as an event
-            yield _sse(map_error(e).body())
-        finally:
-            await outputs.aclose()
-        yield b"data: [DONE]\n\n"
+    def opening(self) -> list[bytes]:
+        """The events before any output's: chat's role deltas, or the echoed prompts when they need no output."""
+        return [_sse(chunk) for chunk in self._opening()]
+
+    def closing(self) -> list[bytes]:
+        """The events after the last output's: the usage chunk, if asked for."""
+        return [_sse(chunk) for chunk in self._closing()]
 
     def _head(self) -> dict:
         return self.job.meta.head("text_completion" if self.job.kind == "text" else "chat.completion.chunk")
@@ -273,38 +300,43 @@ class StreamWriter:
         return self._chunks([{"index": i * n + j, "text": text, "logprobs": lps, "finish_reason": None,
                               "token_ids": []} for j in range(n)])
 
-    def _feed(self, i: int, out) -> list[bytes]:
+    def feed(self, i: int, out) -> list[bytes]:
         """The events of sub i's latest output: its echo if due, then one chunk per choice with something new."""
         self.last[i] = out
         events = [_sse(c) for c in self._echo(i, out)] if self.echo_waits and i not in self.prefix_len else []
+        first, cursors = i * self.n, self.cursors
         for c in out.outputs:
-            index = _choice_index(self.job, i, c)
-            cursor = self.cursors.get(index)
+            index = first + c.index
+            cursor = cursors.get(index)
             if cursor is None:
-                cursor = self.cursors[index] = ChoiceCursor()
-            offset = self.prefix_len.get(i, 0) + cursor.chars
-            step = cursor.advance(c, self.job.stops)
+                cursor = cursors[index] = ChoiceCursor()
+            step = cursor.advance(c, self.stops)
             if step is not None:
-                events.append(f"{self.envelope}{self._choice(index, c, *step, offset)}]}}\n\n".encode())
-                if self.job.logprobs:  # only text_offset reads it
-                    cursor.chars += sum(len(self.state.token_text(t)) for t in step[0])
+                choice, chars = self._choice(index, c, step[0], step[1], step[2],
+                                             self.prefix_len.get(i, 0) + cursor.chars)
+                events.append(self.envelope + choice.encode() + CHUNK_END)
+                cursor.chars += chars
         return events
 
-    def _choice(self, index: int, c, ids: list[int], start: int, text: str, offset: int) -> str:
-        """One choice's JSON, written out: the JSON encoder on a dict, as the other chunks are, costs several
-        times as much per token (tests/server/test_responses.py holds the two equal)."""
+    def _choice(self, index: int, c, ids: list[int], start: int, text: str, offset: int) -> tuple[str, int]:
+        """(One choice's JSON, its tokens' text length for text_offset), written out: the JSON encoder on a dict,
+        as the other chunks are, costs several times as much per token (tests/server/test_responses.py holds the
+        two equal)."""
         finish = c.finish_reason if c.finish_reason is not None and start + len(ids) == len(c.token_ids) else None
-        if self.job.echo_only:  # the one token drawn to get the prompt scored is not part of the answer
+        if self.echo_only:  # the one token drawn to get the prompt scored is not part of the answer
             ids, text = [], ""
-        if self.job.kind == "chat":
-            lps = _chat_logprobs(self.state, c, ids, start) if self.job.logprobs else None
-            head = f'{{"index":{index},"delta":{{"content":{encode_basestring(text)}}}'
-        else:
-            lps = _text_logprobs(self.state, c, ids, start, offset) if self.job.logprobs else None
-            head = f'{{"index":{index},"text":{encode_basestring(text)}'
+        lps_json, chars = "null", 0
+        if self.logprobs and c.token_logprobs is not None:
+            end = start + len(ids)
+            if self.chat:  # no text_offset: the length is not needed
+                lps_json = dumps(_chat_logprobs(self.state, c, ids, start))
+            else:
+                tops = None if c.top_logprobs is None else c.top_logprobs[start:end]
+                lps_json, chars = completion_logprobs_json(self.state, ids, c.token_logprobs[start:end], tops, offset)
         finish_json = "null" if finish is None else encode_basestring(finish)
-        lps_json = "null" if lps is None else dumps(lps)
-        return f'{head},"logprobs":{lps_json},"finish_reason":{finish_json},"token_ids":[{",".join(map(str, ids))}]}}'
+        choice = (f'{{"index":{index},{self.text_key}{encode_basestring(text)}{self.text_end},"logprobs":{lps_json},'
+                  f'"finish_reason":{finish_json},"token_ids":[{",".join(map(str, ids))}]}}')
+        return choice, chars
 
     def _closing(self) -> list[dict]:
         if not self.job.include_usage:
@@ -315,3 +347,12 @@ class StreamWriter:
 
 def _sse(obj: dict) -> bytes:
     return f"data: {dumps(obj)}\n\n".encode()
+
+
+def error_event(e: BaseException) -> bytes:
+    """An error mid-stream: the status is already 200, so it travels as an event (then [DONE])."""
+    return _sse(map_error(e).body())
+
+
+DONE_EVENT = b"data: [DONE]\n\n"
+CHUNK_END = b"]}\n\n"  # a token chunk after its one choice: the choices list, the chunk, the event

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.requests import Request
@@ -11,7 +12,7 @@ from starlette.responses import Response
 
 from samebits.server.errors import aborted, map_error
 from samebits.server.requests import Job, Sub
-from samebits.server.responses import StreamWriter, chat_body, json_response, text_body
+from samebits.server.responses import DONE_EVENT, StreamWriter, chat_body, error_event, json_response, text_body
 from samebits.server.state import ServerState
 
 STATUS_CLIENT_GONE = 499  # nginx's convention; nobody reads it, but logs and metrics do
@@ -75,12 +76,15 @@ async def _pump(i: int, start: Callable[[], AsyncIterator], queue: asyncio.Queue
 
 
 class SSEResponse(Response):
-    """Server-sent events from an async iterator of bytes. Unlike Starlette's StreamingResponse it watches for the
-    client leaving even while no chunk is due, so an abandoned request is aborted at once, not at its next token."""
+    """Server-sent events: a StreamWriter's events for each output of `outputs` (`first` already taken), as one
+    loop that sends each event as it is rendered, with no generator between the engine's iterator and the send.
+    Unlike Starlette's StreamingResponse it watches for the client leaving even while no chunk is due, so an
+    abandoned request is aborted at once, not at its next token."""
 
-    def __init__(self, chunks: AsyncIterator[bytes], headers: dict[str, str], on_disconnect: Callable[[], None]):
+    def __init__(self, writer: StreamWriter, first, outputs: AsyncIterator, feed: Callable[[object], list[bytes]],
+                 headers: dict[str, str], on_disconnect: Callable[[], None]):
         super().__init__(status_code=200)
-        self.chunks = chunks
+        self.writer, self.first, self.outputs, self.feed = writer, first, outputs, feed
         self.sse_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         self.on_disconnect = on_disconnect
 
@@ -94,10 +98,38 @@ class SSEResponse(Response):
             self.on_disconnect()
 
     async def _pump(self, send) -> None:
-        async with contextlib.aclosing(self.chunks) as chunks:
-            async for chunk in chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        """The events, then [DONE], then the end of the body. An error from the engine or from rendering ends the
+        stream as its last event; an error from a send is not the client's to read and propagates. Leaving in any
+        way closes `outputs` (aborting its requests)."""
+        outputs, feed = self.outputs, self.feed
+        try:
+            events, done = _rendered(self.writer.opening)
+            if not done:
+                more, done = _rendered(feed, self.first)
+                events += more
+            while True:
+                for event in events:
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+                if done:
+                    break
+                try:
+                    events = feed(await outputs.__anext__())
+                except StopAsyncIteration:
+                    events, done = _rendered(self.writer.closing)[0], True
+                except Exception as e:  # noqa: BLE001 - mid-stream, every error becomes the stream's last event
+                    events, done = [error_event(e)], True
+        finally:
+            await outputs.aclose()
+        await send({"type": "http.response.body", "body": DONE_EVENT, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _rendered(render: Callable, *args) -> tuple[list[bytes], bool]:
+    """(render's events, False), or ([the error event], True) when it raises: the stream ends there."""
+    try:
+        return render(*args), False
+    except Exception as e:  # noqa: BLE001 - the status is already 200: the error travels as an event
+        return [error_event(e)], True
 
 
 # ---- running jobs ----------------------------------------------------------------------------------------------
@@ -147,7 +179,16 @@ async def respond(state: ServerState, request: Request, job: Job, stream: bool) 
 
 
 async def _respond_stream(state: ServerState, request: Request, job: Job) -> Response:
-    outputs = _outputs(state, job)
+    writer = StreamWriter(state, job)
+    if len(job.subs) == 1:  # the engine's own iterator: no generator between it and the stream's loop
+        sub = job.subs[0]
+        outputs = state.ae.generate(sub.request_id, sub.ids, job.params, prompt=sub.text)
+        feed = functools.partial(writer.feed, 0)
+    else:
+        outputs = _outputs(state, job)
+
+        def feed(pair):
+            return writer.feed(*pair)
     try:
         # The first output is awaited before the 200 goes out, so a full queue or a bad request gets its status code.
         first = await race_disconnect(outputs.__anext__(), request.receive)
@@ -157,5 +198,6 @@ async def _respond_stream(state: ServerState, request: Request, job: Job) -> Res
         return Response(status_code=STATUS_CLIENT_GONE)
     except StopAsyncIteration:
         raise aborted() from None
-    chunks = StreamWriter(state, job).events(first, outputs)
-    return SSEResponse(chunks, _job_headers(job), state.metrics.disconnects.inc)
+    except Exception as e:  # noqa: BLE001 - every engine-side error becomes an HTTP error
+        raise map_error(e) from None
+    return SSEResponse(writer, first, outputs, feed, _job_headers(job), state.metrics.disconnects.inc)

@@ -35,9 +35,12 @@ def uvicorn_config(app, config: ServerConfig, **overrides):
 
 
 def build_async_engine(config: ServerConfig, loaded=None):
-    """The engine behind the server: a thread beside the event loop, or its own process (`engine_process`); `loaded`:
-    the LoadedModel, or for an engine process a picklable factory of it (None: load `config.engine.model`)."""
-    if config.engine_process:
+    """The engine behind the server: a thread beside the event loop, or its own process (`engine_process`, None
+    resolved for the engine's device); `loaded`: the LoadedModel, or for an engine process a picklable factory of it
+    (None: load `config.engine.model`)."""
+    from samebits.models.loader import default_device
+
+    if config.uses_engine_process(config.engine.device or default_device()):
         from samebits.engine.engine_process import ProcessAsyncEngine
 
         return ProcessAsyncEngine(config.engine, loaded, max_waiting=config.engine.max_waiting,
@@ -100,8 +103,9 @@ def startup_line(engine, config: ServerConfig, url: str) -> str:
     blocks, block = info.num_blocks, info.block_size
     dtype = str(info.dtype).removeprefix("torch.")
     fp = engine.fingerprint()
+    where = "its own process" if config.uses_engine_process(info.device) else "a thread"
     return (f"serving {config.model_name!r} on {url}: model {info.model_name} ({source}), mode {info.mode}, "
-            f"dtype {dtype}, device {info.device}, context {info.max_model_len} tokens, "
+            f"dtype {dtype}, device {info.device} (engine in {where}), context {info.max_model_len} tokens, "
             f"KV cache {blocks} blocks x {block} = {blocks * block} tokens, weights {fp.get('weights')}, "
             f"fingerprint {fp['hash']}")
 

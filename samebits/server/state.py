@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import time
+from json.encoder import encode_basestring
 
 from samebits.server.errors import clip, invalid, not_found
 from samebits.server.metrics import Metrics
@@ -72,6 +73,7 @@ class ServerState:
         self.created = int(time.time())
         self.max_prompt_chars = config.max_prompt_chars or PROMPT_CHARS_PER_TOKEN * self.max_model_len
         self._token_text: dict[int, str] = {}
+        self._token_json: dict[int, tuple[str, int]] = {}
 
     @property
     def model_name(self) -> str:
@@ -87,6 +89,14 @@ class ServerState:
         if text is None:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
+
+    def token_json(self, token_id: int) -> tuple[str, int]:
+        """(token_text as a JSON string, as the chunks' encoder writes it (ensure_ascii=False), its length)."""
+        piece = self._token_json.get(token_id)
+        if piece is None:
+            text = self.token_text(token_id)
+            piece = self._token_json[token_id] = (encode_basestring(text), len(text))
+        return piece
 
     def check_model(self, model: str) -> None:
         # Only the served name: with --served-model-name, the real name (or path) is not a name clients may know.

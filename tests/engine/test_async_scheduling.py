@@ -116,3 +116,39 @@ def test_async_scheduling_defaults_to_the_device(loaded):
     assert engine(loaded, None).overlap is False, "on the CPU the host computes the step: nothing to overlap"
     with pytest.raises(ValueError, match="async_scheduling must be None or a bool"):
         EngineConfig(async_scheduling="yes")
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_running_outputs_are_views_that_never_change_and_the_final_one_holds_lists(loaded, overlap):
+    """A running request's output shares the engine's lists through read-only views (no copy a step): each one kept
+    still reads what it read when it was returned after every later step (pending draws resolved, dropped draws
+    removed), and equals a prefix of the final output, whose sequences are lists."""
+    from samebits.engine.outputs import ListView
+
+    eng = engine(loaded, overlap)
+    kept = []  # (output, the values it showed when returned)
+
+    def snapshot(out):
+        return [(list(c.token_ids), None if c.token_logprobs is None else list(c.token_logprobs),
+                 None if c.top_logprobs is None else list(c.top_logprobs), c.text) for c in out.outputs]
+
+    def on_output(out):
+        kept.append((out, snapshot(out)))
+
+    final = drive(eng, workload(21), on_output=on_output)
+    views = 0
+    for out, then in kept:
+        assert snapshot(out) == then  # nothing a later step did shows through
+        views += not out.finished and isinstance(out.outputs[0].token_ids, ListView)
+        last = final[out.request_id]
+        for c, (ids, lps, tops, _) in zip(last.outputs, then):
+            assert list(c.token_ids[:len(ids)]) == ids
+            assert lps is None or struct.pack(f"<{len(lps)}d", *lps) == struct.pack(
+                f"<{len(lps)}d", *c.token_logprobs[:len(lps)])
+            assert tops is None or list(c.top_logprobs[:len(tops)]) == tops
+    assert views > 0
+    for out in final.values():
+        for c in out.outputs:
+            assert type(c.token_ids) is list
+            assert c.token_logprobs is None or type(c.token_logprobs) is list
+            assert c.top_logprobs is None or type(c.top_logprobs) is list

@@ -88,3 +88,25 @@ def test_a_step_launches_without_a_host_sync_on_cuda(tmp_path, mode):
     assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in first]
     with sync_is_an_error(), pytest.raises(RuntimeError):  # negative control: the mode catches a blocking copy
         torch.tensor([1, 2, 3], device="cuda")
+
+
+def test_read_back_cuts_each_rows_top_logprobs_to_its_own_count(seed):
+    """Each sequence gets its own drawn token and logprob, and the first `logprobs` of its row's top alternatives in
+    the row's order (the batch reads back the most any row asked for)."""
+    from samebits.engine.model_runner import SampledStep
+    from samebits.engine.sampler import SamplerOutput
+    from samebits.engine.sampling_params import SamplingParams
+    from samebits.engine.sequence import Sequence
+
+    gen = torch.Generator().manual_seed(seed)
+    counts = [None, 0, 3, 1, 2]
+    seqs = [Sequence(f"r{i}", [1], SamplingParams(logprobs=k)) for i, k in enumerate(counts)]
+    top_ids = torch.stack([torch.randperm(50, generator=gen)[:3] for _ in seqs])
+    out = SamplerOutput(torch.arange(5) + 7, -torch.rand(5, generator=gen), top_ids, -torch.rand(5, 3, generator=gen))
+    results = SampledStep(seqs, out).to_host()
+    assert list(results) == [s.seq_id for s in seqs]
+    for i, (s, k) in enumerate(zip(seqs, counts)):
+        r = results[s.seq_id]
+        assert (r.token_id, r.logprob) == (7 + i, out.logprobs[i].item())
+        want = [(top_ids[i, j].item(), out.top_logprobs[i, j].item()) for j in range(k or 0)]
+        assert list(r.top_logprobs.items()) == want

@@ -88,11 +88,11 @@ def test_deltas_stay_small_where_cumulative_outputs_grow():
     assert delta < full / 20 and sizes[-1][1] <= sizes[1][1]  # the 300th step's delta: no larger than the 2nd's
 
 
-def test_prefix_reads_as_the_list_it_was_and_never_grows():
-    from samebits.engine.output_deltas import Prefix
+def test_list_view_reads_as_the_list_it_was_and_never_grows():
+    from samebits.engine.outputs import ListView
 
     items = [3, 1, 4, 1, 5]
-    view = Prefix(items, 3)
+    view = ListView(items, 0, 3)
     items += [9, 2, 6]  # appended after the view was taken, as the decoder's lists are
     assert view == [3, 1, 4] and [3, 1, 4] == view and list(view) == [3, 1, 4] and len(view) == 3
     assert view[1:] == [1, 4] and view[-1] == 4 and view[:10] == [3, 1, 4] and view[::-1] == [4, 1, 3]
@@ -102,4 +102,8 @@ def test_prefix_reads_as_the_list_it_was_and_never_grows():
     except IndexError:
         pass
     else:
-        raise AssertionError("an index past the prefix must not read what came after")
+        raise AssertionError("an index past the view must not read what came after")
+    tail = ListView(items, 2, 5)  # an offset window, as a sequence's output tokens after its prompt
+    items[5] = 0  # rewritten past the window's end, as a pending draw is resolved
+    assert tail == [4, 1, 5] and tail[0] == 4 and tail[-3] == 4 and tail[1:] == [1, 5] and tail[::-2] == [5, 4]
+    assert repr(tail) == "[4, 1, 5]" and tail != [4, 1, 0]

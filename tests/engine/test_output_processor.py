@@ -103,3 +103,54 @@ def test_cumulative_logprob_adds_left_to_right_on_every_python(seed):
     (out,) = proc.outputs()
     assert out.outputs[0].cumulative_logprob == functools.reduce(operator.add, lps, 0.0)
     assert math.fsum(lps) != functools.reduce(operator.add, lps, 0.0)
+
+
+def windowed_texts(tok, tokens, skip):
+    """The text after each token by the windowed decode as the processor first did it (vLLM's offsets, decoding
+    slices of a copy of the whole output each step): the reference the processor's must equal, step for step."""
+    texts, text, prefix, read = [], "", 0, 0
+    for k in range(1, len(tokens) + 1):
+        ids = tokens[:k]
+        before = tok.decode(ids[prefix:read], skip_special_tokens=skip)
+        after = tok.decode(ids[prefix:], skip_special_tokens=skip)
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            text += after[len(before):]
+            prefix, read = read, len(ids)
+        texts.append(text)
+    return texts
+
+
+def stream_texts(tok, prompt, tokens, skip):
+    """The processor's text after each of `tokens` (the last one ends the sample by length, which flushes)."""
+    proc = OutputProcessor(tok, tok.eos_token_ids, 4096)
+    seq = Sequence("r", prompt, SamplingParams(max_tokens=len(tokens), ignore_eos=True, skip_special_tokens=skip))
+    proc.add_request("r", None, prompt, 7, [seq])
+    texts = []
+    for t in tokens:
+        seq.reserve_token()
+        proc.process(SchedulerOutput([ScheduledSeq(seq, 1, True, seq.num_tokens - 2)]), {seq.seq_id: StepResult(t, -0.5, {})})
+        texts.append(proc.samples[seq.seq_id].text)
+    return texts
+
+
+def test_incremental_text_over_random_byte_level_streams(seed):
+    """Random streams over a real byte-level BPE: lone bytes that split (or never complete) a UTF-8 character, merged
+    words and the special tokens. Every step's text equals the windowed reference's, and the flushed final text the
+    full decode. Negative control: appending each token's own decode differs (it breaks split characters)."""
+    from samebits.models.testing import build_tokenizer
+    from samebits.models.tokenizer import Tokenizer
+
+    tok = Tokenizer(build_tokenizer(), {"eos_token": "<|im_end|>"})
+    rnd, vocab = random.Random(seed), tok.vocab_size
+    utf8 = [t for t in range(vocab) if tok.decode([t], skip_special_tokens=False) in ("é", "😀")]
+    naive_differs = False
+    for _ in range(60):
+        prompt = [rnd.randrange(3, vocab) for _ in range(rnd.randrange(1, 6))]
+        tokens = [rnd.randrange(vocab) for _ in range(rnd.randrange(1, 40))]
+        tokens += tok.encode("é 😀 naïve", add_special_tokens=False)  # whole characters of 2 and 4 bytes
+        skip = rnd.random() < 0.5
+        texts = stream_texts(tok, prompt, tokens, skip)
+        assert texts[:-1] == windowed_texts(tok, tokens, skip)[:-1]
+        assert texts[-1] == tok.decode(tokens, skip_special_tokens=skip)
+        naive_differs |= texts[-1] != "".join(tok.decode([t], skip_special_tokens=skip) for t in tokens)
+    assert not utf8 and naive_differs, "the 2- and 4-byte characters must span several tokens"

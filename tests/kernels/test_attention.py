@@ -4,6 +4,7 @@ The scenario helpers here are reused by triton/test_attention.py (interpreter) a
 """
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -230,3 +231,26 @@ def test_metadata_build_checks_and_slots():
         AttentionMetadata.build([1], [9], [[0, 1]], 4)
     with pytest.raises(ValueError, match="query_len"):
         AttentionMetadata.build([4], [3], [[0]], 4)
+
+
+def test_metadata_build_takes_tables_as_lists_tensors_or_arrays_and_slots_every_token(seed):
+    """The engine's list tables, a tensor, and rows of other int types give one metadata; every new token's slot is
+    kv_slot of its position (decode rows and prefill chunks alike)."""
+    import numpy as np
+
+    from samebits.arith import kv_slot
+
+    rng = random.Random(seed)
+    bs = 4
+    ctx = [rng.randrange(1, 40) for _ in range(12)]
+    q = [rng.choice([1, 1, c]) if c > 1 else 1 for c in ctx]
+    width = max(-(-c // bs) for c in ctx)
+    lists = [[rng.randrange(1000) for _ in range(-(-c // bs))] for c in ctx]
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in lists])
+    metas = [AttentionMetadata.build(q, ctx, tables, bs) for tables in (lists, padded, [np.array(t) for t in lists])]
+    want = [kv_slot(t, p, bs) for t, c, n in zip(lists, ctx, q) for p in range(c - n, c)]
+    for meta in metas:
+        assert meta.slot_mapping.tolist() == want and meta.cu_seqlens_q.tolist() == [0, *itertools.accumulate(q)]
+        assert meta.block_tables.dtype == torch.int32 and meta.block_tables.tolist() == padded.tolist()
+    other = AttentionMetadata.build(q, ctx, [[b + 1 for b in t] for t in lists], bs)  # control: other blocks
+    assert other.slot_mapping.tolist() != want

@@ -216,7 +216,23 @@ def test_engine_process_config_is_checked():
     from samebits.engine.engine_process import ProcessAsyncEngine
     from samebits.server.config import ServerConfig
 
-    with pytest.raises(ValueError, match="engine_process must be a bool, got 1"):
+    with pytest.raises(ValueError, match="engine_process must be None or a bool, got 1"):
         ServerConfig(engine_process=1)
     with pytest.raises(ValueError, match="engine_process needs tensor_parallel_size=1, got 2"):  # before any spawn
         ProcessAsyncEngine(EngineConfig(tensor_parallel_size=2))
+
+
+def test_engine_process_defaults_to_the_process_on_cuda_at_one_rank_only():
+    """None (the default) picks the process for a CUDA engine at tensor_parallel_size 1 and the thread on the CPU or
+    with ranks; an explicit value is kept either way."""
+    from samebits.server.config import ServerConfig
+
+    auto = ServerConfig()
+    assert auto.engine_process is None
+    assert auto.uses_engine_process("cuda") and auto.uses_engine_process("cuda:1")
+    assert not auto.uses_engine_process("cpu")
+    ranks = ServerConfig.from_dict({"tensor_parallel_size": 2})
+    assert not ranks.uses_engine_process("cuda")
+    for value in (True, False):
+        assert ServerConfig(engine_process=value).uses_engine_process("cpu") is value
+        assert ServerConfig(engine_process=value).uses_engine_process("cuda") is value

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from samebits.server.responses import ChoiceCursor, dumps, lp, safe_text
+from samebits.server.responses import CHUNK_END, ChoiceCursor, dumps, lp, safe_text
 
 
 def test_safe_text_holds_back_partial_characters_and_stop_prefixes():
@@ -47,10 +47,13 @@ TOKEN_TEXTS = ['a', ' "q"', "\\", "\n\t\x01", "你好", "🙂", "\ufffd", "é", 
 
 
 def _writer(kind: str, logprobs: bool, echo_only: bool = False, n: int = 2):
+    from json.encoder import encode_basestring
+
     from samebits.server.requests import Job, Meta
     from samebits.server.responses import StreamWriter
 
-    state = SimpleNamespace(token_text=TOKEN_TEXTS.__getitem__)
+    state = SimpleNamespace(token_text=TOKEN_TEXTS.__getitem__,
+                            token_json=lambda t: (encode_basestring(TOKEN_TEXTS[t]), len(TOKEN_TEXTS[t])))
     meta = Meta("cmpl-ü\"x", 1700000000, "tiny/\u00e9", "fp\\1", 2**63 - 1)
     job = Job(kind, meta, [], SimpleNamespace(n=n), [], False, logprobs, False, echo_only=echo_only)
     return StreamWriter(state, job)
@@ -102,7 +105,7 @@ def test_chunks_equal_the_json_encoder_on_the_same_dicts():
                         for end in (start, start + 1, len(c.token_ids)):
                             ids, text = c.token_ids[start:end], rng.choice(["", c.text, '"\\\u2028\x7f'])
                             offset = rng.randrange(100)
-                            got = f"{w.envelope}{w._choice(5, c, ids, start, text, offset)}]}}\n\n".encode()
+                            got = w.envelope + w._choice(5, c, ids, start, text, offset)[0].encode() + CHUNK_END
                             assert got == _reference(w, 5, c, ids, start, text, offset), (kind, logprobs, finish)
                             cases += 1
     assert cases > 200
@@ -114,7 +117,7 @@ def test_negative_control_a_reordered_field_shows():
     w = _writer("text", False)
     c = _random_output(__import__("random").Random(SEED), 3, None, "length")
     swapped = {"index": 5, "text": c.text, "finish_reason": "length", "logprobs": None, "token_ids": c.token_ids}
-    ours = f"{w.envelope}{w._choice(5, c, c.token_ids, 0, c.text, 0)}]}}\n\n".encode()
+    ours = w.envelope + w._choice(5, c, c.token_ids, 0, c.text, 0)[0].encode() + CHUNK_END
     assert ours != _sse({**w._head(), "choices": [swapped]})
     assert ours == _reference(w, 5, c, c.token_ids, 0, c.text, 0)
 
@@ -131,3 +134,54 @@ def test_completion_logprobs_offsets_and_alternatives():
     assert got["top_logprobs"] == [{}, {"a": -1.0, "\n\t\x01": -2.0}, {}, {"\\": -1.0}, {}]
     assert list(got["top_logprobs"][1]) == ["a", "\n\t\x01"]
     assert completion_logprobs(tok, [], [], [], 3)["text_offset"] == []
+
+
+def _logprob_cases(rng):
+    """(ids, logprobs, alternatives, offset): none, empty (logprobs=0), dicts or pairs, and every special float."""
+    specials = [float("-inf"), float("inf"), float("nan"), -0.0, 0.0, -1e-45, -3.4028234663852886e38, -0.1]
+    for _ in range(300):
+        k = rng.randrange(0, 5)
+        ids = [rng.randrange(len(TOKEN_TEXTS)) for _ in range(k)]
+        lps = [rng.choice(specials) if rng.random() < 0.3 else -rng.random() * 30 for _ in ids]
+        tops = rng.choice([None, [{} for _ in ids], [[] for _ in ids],
+                           [{rng.randrange(len(TOKEN_TEXTS)): -rng.random() for _ in range(rng.randrange(3))}
+                            for _ in ids]])
+        yield ids, lps, tops, rng.randrange(1000)
+
+
+def test_completion_logprobs_json_equals_the_encoder_on_the_dict():
+    """The chunks' written-out logprobs (the fast path for none or empty alternatives, and the fallback) equal
+    dumps(completion_logprobs(...)) byte for byte."""
+    import random
+
+    from samebits.server.responses import completion_logprobs, completion_logprobs_json
+
+    w = _writer("text", True)
+    rng = random.Random(SEED)
+    for ids, lps, tops, offset in _logprob_cases(rng):
+        want = dumps(completion_logprobs(w.state.token_text, ids, lps, tops, offset))
+        got, chars = completion_logprobs_json(w.state, ids, lps, tops, offset)
+        assert got == want, (ids, lps, tops)
+        assert chars == sum(len(TOKEN_TEXTS[t]) for t in ids)
+
+
+def test_negative_control_a_float_written_otherwise_shows():
+    """The check above catches a one-character difference: floats written with %.17g instead of the encoder's
+    repr (-0.1 becomes -0.10000000000000001) are reported."""
+    import random
+
+    import pytest
+
+    from samebits.server import responses
+
+    w = _writer("text", True)
+    rng = random.Random(SEED)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(responses, "lp_json", lambda v: f"{responses.lp(v):.17g}")
+    try:
+        differ = sum(responses.completion_logprobs_json(w.state, ids, lps, tops, offset)[0]
+                     != dumps(responses.completion_logprobs(w.state.token_text, ids, lps, tops, offset))
+                     for ids, lps, tops, offset in _logprob_cases(rng))
+    finally:
+        mp.undo()
+    assert differ > 0

@@ -43,7 +43,7 @@ def test_serve_logs_one_startup_line_after_loading(tiny_model_dir):
         assert lines and "serving " in lines[-1], "".join(lines)
         line = lines[-1]
         for part in [f"on http://127.0.0.1:{port}", f"model {tiny_model_dir.name} (HF folder {tiny_model_dir})",
-                     "mode deterministic", "dtype float32", "device cpu", "context 128 tokens",
+                     "mode deterministic", "dtype float32", "device cpu (engine in a thread)", "context 128 tokens",
                      "KV cache 64 blocks x 16 = 1024 tokens", "weights ", "fingerprint "]:
             assert part in line, (part, line)
         assert any("loading" in ln for ln in lines[:-1])

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from samebits.engine.sequence import Sequence
 
 
-@dataclass
+@dataclass(slots=True)  # slots: built and read per sequence per step
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int

@@ -156,6 +156,8 @@ class BlockManager:
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> list[int]:
         """Room for num_new_tokens after seq.num_computed_tokens; returns the newly added block ids."""
         needed = self._blocks_needed(seq, num_new_tokens)
+        if not needed:  # most decode steps: the last block still has room
+            return []
         if needed > len(self.free_ids):
             raise RuntimeError(f"not enough free KV blocks for {seq!r}; call can_append first")
         new = [self._pop_free() for _ in range(needed)]

@@ -29,6 +29,8 @@ _POLICY_TYPES = {p.name: p for p in (DynamicPolicy, BucketedPolicy)}
 # One running slot in this many is kept from a request that holds all the others, so a request arriving behind one
 # with many samples is admitted at the next step instead of after the first of them finishes (docs/SECURITY.md).
 RESERVED_SLOT_EVERY = 16
+# The prompt rows of a chunk that scores none: ranges are immutable, so one serves every chunk of every step.
+_NO_ROWS = range(0)
 
 
 class QueueFull(RuntimeError):
@@ -213,7 +215,7 @@ class Scheduler:
     @staticmethod
     def _item(seq: Sequence, n: int) -> ScheduledSeq:
         start = seq.num_computed_tokens
-        rows = seq.prompt_rows.take(start, start + n) if seq.prompt_rows is not None else range(0)
+        rows = seq.prompt_rows.take(start, start + n) if seq.prompt_rows is not None else _NO_ROWS
         item = ScheduledSeq(seq, n, start + n == seq.num_tokens, start, rows)
         seq.num_computed_tokens += n
         if item.sample:
