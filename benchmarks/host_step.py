@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from samebits.diagnostics.bench.report import args_json, write_json
 from samebits.engine.sampler import SamplerOutput
 
 # Phases in step order; "detokenize" is part of "process", "other" is the step's time outside every phase, "gc" the
@@ -332,8 +333,7 @@ def main(argv=None) -> int:
         task = bar.add_task("host step", total=len(configs) * args.repeat)
         runs = [measure(args, b, i, tokenizer, stream, lambda: bar.advance(task)) for b, i in configs]
     path = args.out / "host_step.json"
-    path.write_text(json.dumps({"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                                "runs": runs}, indent=2) + "\n")
+    write_json({"args": args_json(args), "runs": runs}, path)
     print_table(runs)
     print(f"wrote {path}")
     return 0

@@ -29,6 +29,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from samebits.diagnostics.bench.report import args_json
 from samebits.server.config import ServerConfig
 
 SERVED_NAME = "bench"
@@ -348,7 +349,7 @@ def measure(args, engine, url: str, load_s: float, offline: tuple | None, log: S
                              "equal_to_server": sum((a.ids, a.logprobs) == (b.ids, b.logprobs)
                                                     for a, b in zip(ran, results))}
     report["fingerprint"] = httpx.get(f"{url}/version", timeout=30).json()
-    report["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    report["args"] = args_json(args)
     report["first_failures"] = [asdict(r) | {"ids": None, "logprobs": None} for r in results if r.error][:5]
     return report
 

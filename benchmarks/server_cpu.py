@@ -45,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from samebits.diagnostics.bench.report import args_json, write_json
 from samebits.engine.outputs import CompletionOutput, EngineInfo, EngineStats, RequestOutput, StepProgress
 from samebits.engine.sampling_params import RequestOutputKind
 from samebits.engine.seeds import SeedStream
@@ -417,8 +418,7 @@ def main(argv=None) -> int:
     backends = ("thread", "process") if args.backend == "both" else (args.backend,)
     reports = [measure(args, b) for b in backends]
     path = args.out / "server_cpu.json"
-    path.write_text(json.dumps({"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                                "runs": reports}, indent=2) + "\n")
+    write_json({"args": args_json(args), "runs": reports}, path)
     print_table(reports)
     print(f"wrote {path}")
     return 0

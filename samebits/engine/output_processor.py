@@ -179,21 +179,25 @@ class OutputProcessor:
         output is built once, when it is whole); finished requests are then forgotten. `progress` then holds how
         far each touched request went, due or not, in the same order."""
         touched, self._touched = self._touched, {}
-        self.progress = [StepProgress(request_id, n, _first_scheduled(self.requests[request_id]))
-                         for request_id, n in touched.items()]
-        return [self._output(request_id) for request_id in touched if self._due(self.requests[request_id])]
+        self.progress, outputs = [], []
+        for request_id, n in touched.items():
+            req = self.requests[request_id]
+            first = _first_scheduled(req)
+            self.progress.append(StepProgress(request_id, n, first))
+            if self._due(req):
+                outputs.append(self._output(request_id, req, first))
+        return outputs
 
     @staticmethod
     def _due(req: _Request) -> bool:
         return req.seqs[0].params.output_kind is not _FINAL_ONLY or all(s.is_finished for s in req.seqs)
 
-    def _output(self, request_id: str) -> RequestOutput:
-        req = self.requests[request_id]
+    def _output(self, request_id: str, req: _Request, first_scheduled: float | None) -> RequestOutput:
         finished = all(s.is_finished for s in req.seqs)
         out = RequestOutput(request_id, req.prompt, req.prompt_token_ids,
                             [self._completion(s, finished) for s in req.seqs],
                             req.seqs[0].num_cached_tokens, req.seed, self.fingerprint(), finished,
-                            prompt_logprobs=req.prompt_view(), first_scheduled_time=_first_scheduled(req))
+                            prompt_logprobs=req.prompt_view(), first_scheduled_time=first_scheduled)
         if finished:
             self.forget(request_id)
         return out

@@ -58,3 +58,8 @@ def lines(report: dict) -> list[str]:
 
 def write_json(report: dict, path: Path) -> None:
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def args_json(args) -> dict:
+    """A benchmark's argparse values as its report records them: paths as strings, the rest as they are."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
