@@ -32,19 +32,15 @@ DECODE = [(1, 512), (1, 8192), (8, 2048), (32, 2048), (64, 512), (64, 2048), (25
 PREFILL = [1024, 2048, 4096, 8192]
 # (name, module, rows or None, num_stages, num_warps[, module attributes to set]); a variant whose attribute the
 # module lacks (a switch of a pending change that this tree does not have) is skipped.
-DECODE_VARIANTS = [("before", "before", None, 2, 4), ("after s2", "after", None, 2, 4),
-                   ("after s3", "after", None, 3, 4), ("after s4", "after", None, 4, 4),
-                   ("reg w4", "after", None, 1, 4, {"REG_PREFETCH": True}),
-                   ("reg w8", "after", None, 1, 8, {"REG_PREFETCH": True})]
-PREFILL_VARIANTS = [("before r64", "before", 64, 2, 4), ("after r64", "after", 64, 2, 4),
-                    ("r128 w4 s2", "after", 128, 2, 4), ("r128 w8 s2", "after", 128, 2, 8),
-                    ("r128 w8 s3", "after", 128, 3, 8), ("r128 w4 s3", "after", 128, 3, 4),
-                    ("r256 w8 s2", "after", 256, 2, 8)]
+DECODE_VARIANTS = [("before", "before", None, None, 4), ("after", "after", None, None, 4),
+                   ("after s2", "after", None, 2, 4), ("after s4", "after", None, 4, 4)]
+PREFILL_VARIANTS = [("before r64", "before", 64, None, 4), ("after r64", "after", 64, None, 4),
+                    ("after ahead", "after", 64, None, 4, {"_AHEAD": True})]
 
 # Below 4 warps Triton takes mma.sync, not wgmma (PTX), which changes bits, and 2 warps decoded 8-21 % faster at
-# batch >= 32 (docs/results/attention_stages.h200.json). A kernel on mma.sync for every launch would need prefill
-# and decode to agree within that family: (warps, [(rows, stages)] for prefill).
-FAMILIES = [(4, [(64, 2)]), (2, [(32, 2), (64, 2), (64, 3), (128, 2)])]
+# batch >= 32 (docs/results/attention_stages.h200.json); at 2 warps prefill ran 1.5-2x slower than at 4
+# (docs/results/attention_variants.h200.json). Within each family prefill must equal decode: (warps, [(rows, stages)]).
+FAMILIES = [(4, [(64, 2), (64, 3)])]
 
 
 def _load(path):
@@ -52,6 +48,16 @@ def _load(path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _stages(mod):
+    return mod.NUM_STAGES, getattr(mod, "DECODE_STAGES", None)
+
+
+def _set_stages(mod, stages):
+    mod.NUM_STAGES = stages[0]
+    if stages[1] is not None and hasattr(mod, "DECODE_STAGES"):
+        mod.DECODE_STAGES = stages[1]
 
 
 def _run(mods, rows_out, kind, batch, ctx, variants):
@@ -66,15 +72,19 @@ def _run(mods, rows_out, kind, batch, ctx, variants):
     ref = None
     for name, which, rows, stages, warps, *extra in variants:
         mod = mods[which]
-        switches = extra[0] if extra else {}
+        switches = dict(extra[0]) if extra else {}
+        ahead = switches.pop("_AHEAD", None)  # the launcher's argument, not a module attribute
         if not all(hasattr(mod, key) for key in switches):
             print(f"{kind} b{batch} c{ctx} {name}: skipped, the kernel has no {sorted(switches)}", flush=True)
             continue
-        committed = mod.NUM_STAGES, mod.NUM_WARPS, {key: getattr(mod, key) for key in switches}
-        mod.NUM_STAGES, mod.NUM_WARPS = stages, warps
+        committed = _stages(mod), mod.NUM_WARPS, {key: getattr(mod, key) for key in switches}
+        if stages is not None:
+            _set_stages(mod, (stages, stages))
+        mod.NUM_WARPS = warps
         for key, value in switches.items():
             setattr(mod, key, value)
-        call = functools.partial(mod.paged_attention, q, k_cache, v_cache, meta, scale, rows=rows)
+        kw = {"ahead": ahead} if ahead is not None else {}
+        call = functools.partial(mod.paged_attention, q, k_cache, v_cache, meta, scale, rows=rows, **kw)
         try:
             out = call()
             ref = out if ref is None else ref
@@ -85,7 +95,8 @@ def _run(mods, rows_out, kind, batch, ctx, variants):
             print(f"{kind} b{batch} c{ctx} {name}: error {str(e)[:120]}", flush=True)
             continue
         finally:
-            mod.NUM_STAGES, mod.NUM_WARPS = committed[:2]
+            _set_stages(mod, committed[0])
+            mod.NUM_WARPS = committed[1]
             for key, value in committed[2].items():
                 setattr(mod, key, value)
         rows_out.append({"kind": kind, "batch": batch, "context": ctx, "variant": name, "ms": ms, "sdpa_ms": sdpa,
@@ -102,7 +113,7 @@ def _family(rows_out, length, warps, prefill_tiles):
     qs, ks, vs = q.view(1, -1, HQ, D).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     sdpa = _bench(lambda: F.scaled_dot_product_attention(qs, ks, vs, scale=scale, is_causal=True, enable_gqa=True))
     one = AttentionMetadata.build([1], [length], meta.block_tables.tolist(), k_cache.shape[1], q.device)
-    committed = at.NUM_STAGES, at.NUM_WARPS
+    committed = _stages(at), at.NUM_WARPS
     try:
         at.NUM_WARPS = warps
         decoded = at.paged_attention(q[-1:], k_cache, v_cache, one, scale)
@@ -122,7 +133,8 @@ def _family(rows_out, length, warps, prefill_tiles):
                   f"x{row['ratio']:.2f}  tiles agree={row['same_as_first_tile']}  "
                   f"prefill==decode={row['last_row_equals_decode']}", flush=True)
     finally:
-        at.NUM_STAGES, at.NUM_WARPS = committed
+        _set_stages(at, committed[0])
+        at.NUM_WARPS = committed[1]
 
 
 def main() -> None:

@@ -106,7 +106,7 @@ TILE_CONFIGS["det_sum"] = {
 
 TILE_CONFIGS["attention.query_tile"] = {
     "config": {"layout": "transposed: S^T = K Q^T, O^T = V^T P^T", "rows": 64, "decode_rows": 16, "num_warps": 4,
-               "num_stages": 2, "fp_fusion": False},
+               "num_stages": 2, "decode_stages": 3, "fp_fusion": False},
     "why": "rows = (token, GQA head) pairs. With the query rows on the MMA's M side a row's head_dim-128 reductions "
     "changed with the tile (16 vs 64 rows, docs/BACKGROUND.md attn_tile), so one 64-row tile served decode too and "
     "used 4 of its 64 rows at GQA 4. Transposed, the keys (64) and the head dim are M and the rows are N: on the H200 "
@@ -116,6 +116,9 @@ TILE_CONFIGS["attention.query_tile"] = {
     "num_warps is bit-changing below 4: at 2 warps rows differ (decode b8-b256, prefill), while stages 2-5 and 4 or 8 "
     "warps give every bit of the committed launch; stages 2 was the fastest at 9 of 11 shapes, 5 stages "
     "won at b8 and b32 x 2048 (8-20 %; scripts/attention_stages_probe.py, docs/results/attention_stages.h200.json). "
+    "Decode tiles load each tile's block ids a tile ahead and run 3 stages: against the loop before (2 stages) "
+    "1.08-1.35x at batch <= 64, 0.97-0.99x at batch 256; prefill keeps the plain loop (ahead it was 4-16 % slower) "
+    "and 2 stages; 128- and 256-row prefill tiles were 2-6x slower (docs/results/attention_variants.h200.json). "
     "Decode vs the untransposed kernel on the H200: 1.22-1.33x at batch 256, 1.1-1.25x at 64, ~1x at batch <= 8; "
     "prefill 1.5x slower (1024 tokens: 0.101 vs 0.066 ms), a price paid because prefill and decode must share the "
     "kernel's bits. fp_fusion is pinned for all attention, RoPE and KV-write kernels (the fold spells its fma out) so "

@@ -102,9 +102,10 @@ def _paged_attention_specs(dtype, d, query_tile, block_n, split):
         sig.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks",
                                        "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_bt")})
         const = {"G": 4, "BQ": rows, "BLOCK_N": block_n, "D": d, "BS": 16, "SPLIT": split,
-                 "PARTIAL": partial, "UPCAST": False, "IEEE": dtype == "fp32"}
+                 "PARTIAL": partial, "UPCAST": False, "IEEE": dtype == "fp32", "AHEAD": partial}
         sig.update({n: "constexpr" for n in const})
-        options = {"num_warps": query_tile["num_warps"], "num_stages": query_tile["num_stages"]}
+        stages = query_tile["decode_stages"] if partial else query_tile["num_stages"]  # as the launcher picks
+        options = {"num_warps": query_tile["num_warps"], "num_stages": stages}
         specs.append((f"paged_attention_{dtype}_d{d}_{'partial' if partial else 'fold'}", fn, sig, const, options))
     return specs
 

@@ -30,32 +30,47 @@ BLOCK_N = TILE_CONFIGS["attention.kv_tile"]["config"]["tokens"]
 SPLIT = TILE_CONFIGS["attention.split_kv"]["config"]["tokens"]
 assert SPLIT % BLOCK_N == 0, "a split must hold whole KV tiles"
 HEAD_DIMS = (64, 128)  # the head dims with a fixed tile
+DECODE_STAGES = _QT["decode_stages"]
 LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x * scale) == exp2(x * scale * log2(e))
 
 
 @triton.jit
-def _tile_step(qt, m, l, acc, K, V, bt_row, n0, last, pos, h,
-               qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-               BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-               MASKED: tl.constexpr):
-    # qt [D, BQ]; m, l [BQ] fp32 (log2 domain); acc [D, BQ] fp32; keys n0..n0+BLOCK_N-1 gathered via the block table.
-    # MASKED=False is only used for tiles whose every key every live row sees: there the causal mask and the
-    # live-row selects are identities, so both variants give a row the same bits (the diagonal tiles use MASKED).
+def _tile_blocks(bt_row, n0, last, BLOCK_N: tl.constexpr, BS: tl.constexpr, MASKED: tl.constexpr):
+    # The block id of each of the tile's keys (0 past `last`, where the loads are masked anyway); MASKED=False only
+    # for tiles whose every key is at most `last`.
+    n = n0 + tl.arange(0, BLOCK_N)
+    if MASKED:
+        return tl.load(bt_row + n // BS, mask=n <= last, other=0)
+    return tl.load(bt_row + n // BS)
+
+
+@triton.jit
+def _tile_loads(K, V, blk32, n0, last, h, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, MASKED: tl.constexpr):
+    # K [BN, D] and V^T [D, BN] of keys n0..n0+BLOCK_N-1 gathered via their block ids blk32 (_tile_blocks); keys past
+    # `last` read as 0 (no memory traffic), and every key of a tile is either read or beyond every row's reach.
     n = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
-    if MASKED:
-        kv_ok = n <= last
-        blk = tl.load(bt_row + n // BS, mask=kv_ok, other=0).to(tl.int64)
-    else:
-        blk = tl.load(bt_row + n // BS).to(tl.int64)
+    blk = blk32.to(tl.int64)
     row = blk * stride_kb + (n % BS) * stride_ks + h * stride_kh
     row_v = blk * stride_vb + (n % BS) * stride_vs + h * stride_vh
     if MASKED:
-        k = tl.load(K + row[:, None] + d[None, :], mask=kv_ok[:, None], other=0.0)  # [BN, D]
-        vt = tl.load(V + row_v[None, :] + d[:, None], mask=kv_ok[None, :], other=0.0)  # [D, BN]
+        kv_ok = n <= last
+        k = tl.load(K + row[:, None] + d[None, :], mask=kv_ok[:, None], other=0.0)
+        vt = tl.load(V + row_v[None, :] + d[:, None], mask=kv_ok[None, :], other=0.0)
     else:
         k = tl.load(K + row[:, None] + d[None, :])
         vt = tl.load(V + row_v[None, :] + d[:, None])
+    return k, vt
+
+
+@triton.jit
+def _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+               IEEE: tl.constexpr, MASKED: tl.constexpr):
+    # qt [D, BQ]; m, l [BQ] fp32 (log2 domain); acc [D, BQ] fp32; k, vt one tile (_tile_loads).
+    # MASKED=False is only used for tiles whose every key every live row sees: there the causal mask and the
+    # live-row selects are identities, so both variants give a row the same bits (the diagonal tiles use MASKED).
+    n = n0 + tl.arange(0, BLOCK_N)
     if UPCAST:
         k = k.to(tl.float32)
         vt = vt.to(tl.float32)
@@ -124,9 +139,12 @@ def _paged_attention_kernel(
         stride_qt, stride_qh, stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
         G: tl.constexpr, BQ: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-        SPLIT: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+        SPLIT: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        AHEAD: tl.constexpr):
     # grid (query tiles, B, Hkv * n_split_grid). PARTIAL: split `sid` only, (m, l, acc) to PM/PL [T, Hq, S] and
-    # PACC [T, Hq, S, D]; otherwise every split folded in order into O [T, Hq, D].
+    # PACC [T, Hq, S, D]; otherwise every split folded in order into O [T, Hq, D]. AHEAD (decode tiles): each tile's
+    # block ids are loaded a tile ahead, so its K/V copies never wait on the block table; the same loads and the same
+    # arithmetic as the other loop, so the same bits (tests/kernels/test_attention.py).
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2) // n_split_grid
@@ -156,14 +174,31 @@ def _paged_attention_kernel(
             kv_lo = s_idx * SPLIT
             kv_hi = tl.minimum(kv_lo + SPLIT, last + 1)
             full_hi = tl.minimum(kv_lo + tl.maximum(first_pos + 1 - kv_lo, 0) // BLOCK_N * BLOCK_N, kv_hi)
-            for n0 in range(kv_lo, full_hi, BLOCK_N):
-                m, l, acc = _tile_step(qt, m, l, acc, K, V, bt_row, n0, last, pos, h, qk_scale,
-                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                       BLOCK_N, D, BS, UPCAST, IEEE, False)
-            for n0 in range(full_hi, kv_hi, BLOCK_N):
-                m, l, acc = _tile_step(qt, m, l, acc, K, V, bt_row, n0, last, pos, h, qk_scale,
-                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                       BLOCK_N, D, BS, UPCAST, IEEE, True)
+            if AHEAD:
+                blk = _tile_blocks(bt_row, kv_lo, last, BLOCK_N, BS, True)
+                for n0 in range(kv_lo, full_hi, BLOCK_N):
+                    nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS, True)
+                    k, vt = _tile_loads(K, V, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
+                                        stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, True)
+                    m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, False)
+                    blk = nxt
+                for n0 in range(full_hi, kv_hi, BLOCK_N):
+                    nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS, True)
+                    k, vt = _tile_loads(K, V, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
+                                        stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, True)
+                    m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, True)
+                    blk = nxt
+            else:
+                for n0 in range(kv_lo, full_hi, BLOCK_N):
+                    blk = _tile_blocks(bt_row, n0, last, BLOCK_N, BS, False)
+                    k, vt = _tile_loads(K, V, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
+                                        stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, False)
+                    m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, False)
+                for n0 in range(full_hi, kv_hi, BLOCK_N):
+                    blk = _tile_blocks(bt_row, n0, last, BLOCK_N, BS, True)
+                    k, vt = _tile_loads(K, V, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
+                                        stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, True)
+                    m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, True)
             if PARTIAL:
                 ok = row_ok & (pos >= kv_lo)
                 p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx  # [BQ]
@@ -228,15 +263,16 @@ def tile_rows(max_query_len: int, g: int) -> int:
 
 
 def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bool | None = None,
-                    rows: int | None = None) -> torch.Tensor:
-    """q [T, Hq, D] -> [T, Hq, D]; caches [NB, BS, Hkv, D]. parallel_splits=None and rows=None pick by shape (bits
-    unchanged either way)."""
+                    rows: int | None = None, ahead: bool | None = None) -> torch.Tensor:
+    """q [T, Hq, D] -> [T, Hq, D]; caches [NB, BS, Hkv, D]. parallel_splits, rows and ahead (the block-ids-ahead
+    loop, by default on decode tiles) pick by shape when None; the bits are the same either way."""
     _check_attention(q, k_cache, v_cache, meta)
     t, hq, d = q.shape
     bs, h_kv = k_cache.shape[1], k_cache.shape[2]
     g = hq // h_kv
     rows = rows or tile_rows(meta.max_query_len, g)
     tokens_per_tile = rows // g
+    ahead = rows < ROWS if ahead is None else ahead
     if parallel_splits is None:
         parallel_splits = default_parallel_splits(meta, tokens_per_tile)
     n_split_grid = cdiv(meta.max_context_len, SPLIT) if parallel_splits else 1
@@ -255,7 +291,8 @@ def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bo
         float(scale) * LOG2E, n_split_grid, hq, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
         G=g, BQ=rows, BLOCK_N=BLOCK_N, D=d, BS=bs, SPLIT=SPLIT, PARTIAL=parallel_splits,
-        UPCAST=upcast, IEEE=ieee, num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=FP_FUSION)
+        UPCAST=upcast, IEEE=ieee, AHEAD=ahead, num_warps=NUM_WARPS,
+        num_stages=DECODE_STAGES if ahead else NUM_STAGES, enable_fp_fusion=FP_FUSION)
     if parallel_splits:
         _merge_splits_kernel[grid[:2] + (h_kv,)](
             out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, n_split_grid, hq, out.stride(0), out.stride(1),

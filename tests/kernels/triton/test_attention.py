@@ -17,8 +17,8 @@ triton_ops = pytest.importorskip("samebits.kernels.triton.attention")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def tri(q, k_cache, v_cache, meta, scale, parallel_splits=None):
-    return triton_ops.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits)
+def tri(q, k_cache, v_cache, meta, scale, parallel_splits=None, ahead=None):
+    return triton_ops.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits, ahead=ahead)
 
 
 # (D, Hq, Hkv, lens): one GQA-4 head-dim-64 case crossing a split, one GQA-3 head-dim-128 case. Kept small: the
@@ -61,6 +61,18 @@ def test_parallel_splits_merge_equals_sequential_fold_for_prefill_chunks(monkeyp
     merged = run(world, reqs, tri, parallel_splits=True)
     for a, b in zip(folded, merged):
         assert_same_bits(b, a, "parallel splits + merge vs sequential fold")
+
+
+def test_block_ids_ahead_loop_equals_the_plain_loop(monkeypatch):
+    """Decode tiles load block ids a tile ahead, prefill tiles in the tile's own iteration: forcing either loop on
+    prefill, chunks and decode (split in parallel and folded) gives the same bits."""
+    monkeypatch.setattr(triton_ops, "SPLIT", 128)
+    world = make_world([300, 70], 8, 2, 64, 16, seed=13, device=DEVICE)
+    for reqs in ([(0, 300, 300), (1, 70, 70)], [(0, 300, 45), (1, 70, 1)], [(0, 129, 1), (0, 300, 1), (1, 64, 1)]):
+        for parallel in (False, True):
+            plain = run(world, reqs, tri, parallel_splits=parallel, ahead=False)
+            for a, b in zip(run(world, reqs, tri, parallel_splits=parallel, ahead=True), plain):
+                assert_same_bits(a, b, f"ahead vs plain loop, {reqs}, parallel splits {parallel}")
 
 
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 2e-6), (torch.bfloat16, 6e-3), (torch.float16, 1e-3)])

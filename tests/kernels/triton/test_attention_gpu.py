@@ -30,10 +30,10 @@ def world_for(d, hq, hkv, dtype, block_size=16, seed=0):
     return make_world(lengths(seed), hq, hkv, d, block_size, dtype=dtype, seed=seed, device="cuda")
 
 
-def pa(q, k_cache, v_cache, meta, scale, parallel_splits=None):
+def pa(q, k_cache, v_cache, meta, scale, parallel_splits=None, ahead=None):
     from samebits.kernels.triton import attention
 
-    return attention.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits)
+    return attention.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits, ahead=ahead)
 
 
 @pytest.mark.parametrize("d,hq,hkv,dtype", CASES)
@@ -62,6 +62,18 @@ def test_decode_at_every_position_equals_prefill(d, hq, hkv, dtype):
         outs = run(world, reqs, pa, parallel_splits=parallel)
         got = torch.cat([outs[i] for i in sorted(range(len(reqs)), key=lambda i: (reqs[i][0], reqs[i][1]))])
         assert_same_bits(got, torch.cat(full), f"decode at every position, parallel splits {parallel}")
+
+
+@pytest.mark.parametrize("d,hq,hkv,dtype", CASES)
+def test_block_ids_ahead_loop_equals_the_plain_loop(d, hq, hkv, dtype):
+    """Each loop forced on prefill and on decode (3 stages and 2, as the launcher picks): the same bits."""
+    world = world_for(d, hq, hkv, dtype, seed=5 * d + hq)
+    prefill = [(s, len(q), len(q)) for s, q in enumerate(world.q)]
+    decode = [(s, random.Random(s).randint(1, len(q)), 1) for s, q in enumerate(world.q)]
+    for reqs in (prefill, decode):
+        plain = run(world, reqs, pa, ahead=False)
+        for s, (a, b) in enumerate(zip(run(world, reqs, pa, ahead=True), plain)):
+            assert_same_bits(a, b, f"seq {s}: ahead vs plain loop, query {reqs[s][2]} of {reqs[s][1]}")
 
 
 @pytest.mark.parametrize("d,hq,hkv,dtype", CASES)
