@@ -108,3 +108,19 @@ def test_registry_modes(seed):
     assert fast.softmax(x).dtype == det.log_softmax(x).dtype == torch.float32
     assert torch.equal(fast.silu_and_mul(x), det.silu_and_mul(x)) or torch.allclose(
         fast.silu_and_mul(x), det.silu_and_mul(x), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fast_rms_norm_keeps_hf_semantics(dtype, seed):
+    """The fast backend's norm (torch's F.rms_norm, then the weight in x.dtype) rounds where HF Llama's spelled-out
+    form does: bit for bit on the CPU. Control: scaling by the weight before rounding differs."""
+    from samebits.kernels import vendor
+
+    g = fresh_generator(seed)
+    x, w = rand((8, 96), dtype, g) * 3, rand((96,), dtype, g)
+    xf = x.float()
+    hf = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype) * w
+    assert torch.equal(vendor.rms_norm(x, w, 1e-6), hf)
+    if dtype != torch.float32:
+        unrounded = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(dtype)
+        assert not torch.equal(unrounded, hf), "the control lost its rounding difference"
