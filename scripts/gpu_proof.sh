@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU proof in one call (device machine: image python, PYTHONPATH=., no install except carried wheels).
-# Usage: bash scripts/gpu_proof.sh [tests|probe|kernels|attention|variants|e2e|server|server-process|steps|rl|tp1 ...];
+# Usage: bash scripts/gpu_proof.sh [tests|probe|kernels|attention|variants|e2e|server|server-process|steps|mixed|rl|tp1 ...];
 # results under $OUT. With no step named it runs tests probe kernels attention e2e (~25 min): name the steps.
 # variants needs scripts/_attention_before.py (untracked, it travels): git show main:samebits/kernels/triton/attention.py
 set -uo pipefail
@@ -38,6 +38,7 @@ for step in $steps; do
       --out "$OUT/process" ;;
     steps) python3 benchmarks/steps.py --out "$OUT" ;;
     steps256) python3 benchmarks/steps.py --out "$OUT" --batches 256 ;;
+    mixed) python3 benchmarks/mixed.py --out "$OUT" ;;
     rl) python3 benchmarks/rl.py --out "$OUT" ;;
     tp1) python3 benchmarks/tp.py --device cuda --shape 8b --tp 1 --modes deterministic,invariant --graphs --out "$OUT" ;;
     check) for mode in deterministic fast; do check_endpoint "$mode"; done ;;
