@@ -116,6 +116,30 @@ def _fold(m_r, l_r, acc_r, m_s, l_s, acc_s, live):
 
 
 @triton.jit
+def _fold_tiles(qt, m, l, acc, blk, K, V, bt_row, lo, hi, last, pos, h, qk_scale,
+                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+                AHEAD: tl.constexpr, MASKED: tl.constexpr):
+    # Keys lo..hi-1 folded tile by tile in order. AHEAD: blk holds tile lo's block ids and each iteration loads the
+    # next tile's (masked: it may pass `last`), returned for the next range; otherwise each tile loads its own and blk
+    # passes through. The loads and the arithmetic are the same either way, and so are the bits.
+    if AHEAD:
+        for n0 in range(lo, hi, BLOCK_N):
+            nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS, True)
+            k, vt = _tile_loads(K, V, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
+                                stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, True)
+            m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, MASKED)
+            blk = nxt
+    else:
+        for n0 in range(lo, hi, BLOCK_N):
+            ids = _tile_blocks(bt_row, n0, last, BLOCK_N, BS, MASKED)
+            k, vt = _tile_loads(K, V, ids, n0, last, h, stride_kb, stride_ks, stride_kh,
+                                stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, MASKED)
+            m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, MASKED)
+    return m, l, acc, blk
+
+
+@triton.jit
 def _rows(cu_seqlens_q, context_lens, b, pid_m, G: tl.constexpr, BQ: tl.constexpr):
     # Tile rows are (token, head-in-group) pairs: row r is token tok0 + r // G, query head h * G + r % G.
     TM: tl.constexpr = BQ // G
@@ -142,9 +166,8 @@ def _paged_attention_kernel(
         SPLIT: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
         AHEAD: tl.constexpr):
     # grid (query tiles, B, Hkv * n_split_grid). PARTIAL: split `sid` only, (m, l, acc) to PM/PL [T, Hq, S] and
-    # PACC [T, Hq, S, D]; otherwise every split folded in order into O [T, Hq, D]. AHEAD (decode tiles): each tile's
-    # block ids are loaded a tile ahead, so its K/V copies never wait on the block table; the same loads and the same
-    # arithmetic as the other loop, so the same bits (tests/kernels/test_attention.py).
+    # PACC [T, Hq, S, D]; otherwise every split folded in order into O [T, Hq, D]. AHEAD (decode tiles): block ids a
+    # tile ahead, so the K/V copies never wait on the block table (_fold_tiles; tests/kernels/triton/test_attention.py).
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2) // n_split_grid
@@ -174,31 +197,13 @@ def _paged_attention_kernel(
             kv_lo = s_idx * SPLIT
             kv_hi = tl.minimum(kv_lo + SPLIT, last + 1)
             full_hi = tl.minimum(kv_lo + tl.maximum(first_pos + 1 - kv_lo, 0) // BLOCK_N * BLOCK_N, kv_hi)
-            if AHEAD:
-                blk = _tile_blocks(bt_row, kv_lo, last, BLOCK_N, BS, True)
-                for n0 in range(kv_lo, full_hi, BLOCK_N):
-                    nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS, True)
-                    k, vt = _tile_loads(K, V, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
-                                        stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, True)
-                    m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, False)
-                    blk = nxt
-                for n0 in range(full_hi, kv_hi, BLOCK_N):
-                    nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS, True)
-                    k, vt = _tile_loads(K, V, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
-                                        stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, True)
-                    m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, True)
-                    blk = nxt
-            else:
-                for n0 in range(kv_lo, full_hi, BLOCK_N):
-                    blk = _tile_blocks(bt_row, n0, last, BLOCK_N, BS, False)
-                    k, vt = _tile_loads(K, V, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
-                                        stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, False)
-                    m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, False)
-                for n0 in range(full_hi, kv_hi, BLOCK_N):
-                    blk = _tile_blocks(bt_row, n0, last, BLOCK_N, BS, True)
-                    k, vt = _tile_loads(K, V, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
-                                        stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, True)
-                    m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, True)
+            blk = _tile_blocks(bt_row, kv_lo, last, BLOCK_N, BS, True)  # AHEAD's first ids; else unused, dropped
+            m, l, acc, blk = _fold_tiles(qt, m, l, acc, blk, K, V, bt_row, kv_lo, full_hi, last, pos, h, qk_scale,
+                                         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                         BLOCK_N, D, BS, UPCAST, IEEE, AHEAD, False)
+            m, l, acc, blk = _fold_tiles(qt, m, l, acc, blk, K, V, bt_row, full_hi, kv_hi, last, pos, h, qk_scale,
+                                         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                         BLOCK_N, D, BS, UPCAST, IEEE, AHEAD, True)
             if PARTIAL:
                 ok = row_ok & (pos >= kv_lo)
                 p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx  # [BQ]
