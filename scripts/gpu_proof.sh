@@ -26,7 +26,7 @@ steps=${*:-tests probe kernels attention e2e}
 for step in $steps; do
   echo "=== $step ($(date +%T))"
   case $step in
-    tests) make test-gpu PYTEST_ARGS="-p no:cacheprovider" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
+    tests) make test-gpu PYTEST_ARGS="-p no:cacheprovider --durations=20" 2>&1 | tee "$OUT/gpu_tests.log" | tail -60 ;;
     probe) python3 -m samebits probe --device cuda --full --json "$OUT/probe.h200.json" --plot "$OUT/probe.h200.png" ;;
     kernels) python3 benchmarks/kernels.py --out "$OUT" ;;
     attention) python3 benchmarks/attention.py --out "$OUT" ;;
