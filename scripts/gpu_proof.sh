@@ -12,6 +12,19 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=.:/tmp/site
 fi
 eval "$(python3 -m samebits env --shell)"
+# Triton's compiled kernels from an earlier call, if carried (cp the last call's $OUT/triton-cache.tgz into
+# .triton-cache/, which .git/info/exclude ignores, and name .triton-cache in carry): its keys hash each kernel's source,
+# options and compiler, so a changed kernel compiles afresh and nothing stale is used. Saved again at the end.
+export TRITON_CACHE_DIR=/tmp/triton-cache
+mkdir -p "$TRITON_CACHE_DIR"
+[ -f .triton-cache/triton-cache.tgz ] && tar -xzf .triton-cache/triton-cache.tgz -C "$TRITON_CACHE_DIR"
+save_cache() {
+  tar -czf "$OUT/triton-cache.tgz" -C "$TRITON_CACHE_DIR" . 2>/dev/null
+  local size; size=$(stat -c %s "$OUT/triton-cache.tgz" 2>/dev/null || echo 0)
+  echo "triton cache: $((size / 1048576)) MiB"
+  [ "$size" -le $((16 * 1048576)) ] || { echo "triton cache over 16 MiB: not kept"; rm -f "$OUT/triton-cache.tgz"; }
+}
+trap save_cache EXIT
 # samebits check against our own server on the 8B random shape; the report lands in $OUT/check.h200.MODE.*
 check_endpoint() {
   python3 benchmarks/serve_random.py --random-shape 8b --mode "$1" --port 8000 > "$OUT/serve.$1.log" 2>&1 &
