@@ -24,12 +24,9 @@ import e2e
 import steps
 import torch
 
+from samebits.diagnostics.bench.shapes import random_shape_model
 from samebits.diagnostics.bench.steplog import StepLog
 from samebits.engine.sampling_params import SamplingParams
-from samebits.kernels import get_ops
-from samebits.models.config import ModelConfig
-from samebits.models.loader import LoadedModel
-from samebits.models.testing import random_model
 from samebits.runtime import deterministic_runtime
 
 
@@ -107,10 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     e2e.DEVICE = args.device
     args.out.mkdir(parents=True, exist_ok=True)
-    config = ModelConfig(**e2e.SHAPES[args.shape])
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    model = random_model(config, get_ops("fast", args.device), dtype, seed=0)
-    loaded = LoadedModel(model, e2e.NullTokenizer(), config, f"random-{args.shape}", Path("."))
+    loaded = random_shape_model(args.shape, args.device)
     decode_rows = [int(d) for d in args.decode_rows.split(",")]
     prefill_tokens = [int(p) for p in args.prefill_tokens.split(",")]
     rows = [r for mode in args.modes.split(",")

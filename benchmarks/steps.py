@@ -15,11 +15,8 @@ from pathlib import Path
 import e2e  # benchmarks/ is on the path when run as a script
 import torch
 
+from samebits.diagnostics.bench.shapes import random_shape_model
 from samebits.engine.sampling_params import SamplingParams
-from samebits.kernels import get_ops
-from samebits.models.config import ModelConfig
-from samebits.models.loader import LoadedModel
-from samebits.models.testing import random_model
 from samebits.runtime import deterministic_runtime
 
 
@@ -120,10 +117,7 @@ def main() -> None:
     args = ap.parse_args()
     e2e.DEVICE = args.device
     args.out.mkdir(parents=True, exist_ok=True)
-    config = ModelConfig(**e2e.SHAPES[args.shape])
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    model = random_model(config, get_ops("fast", args.device), dtype, seed=0)
-    loaded = LoadedModel(model, e2e.NullTokenizer(), config, f"random-{args.shape}", Path("."))
+    loaded = random_shape_model(args.shape, args.device)
     batches = [int(b) for b in args.batches.split(",")]
     # Async scheduling off and on side by side: what overlapping the host with the GPU buys, in one run.
     runs = [("deterministic", False), ("deterministic", True), ("fast", True)]
