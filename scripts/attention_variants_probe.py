@@ -5,9 +5,10 @@
 
 The before file is another copy of samebits/kernels/triton/attention.py (main's, when the tree holds a change to
 it). Every variant's output must equal the before-kernel's bits; each is timed (decode in a CUDA graph) beside SDPA
-on the same data, so a change's speed-up is a ratio from one run. Prefill variants also try larger query tiles
-(the rows probe found a row's bits independent of the tile's rows: scripts/attention_rows_probe.py). Last, per warp
-count (4: wgmma, 2: mma.sync), whether prefill tiles and decode agree bit for bit, and the prefill times.
+on the same data, so a change's speed-up is a ratio from one run. Variants set the launch's stages, rows, the
+block-ids-ahead loop (`_AHEAD`) or module switches. Last, per warp count, whether prefill tiles and decode agree bit
+for bit, and the prefill times. The variants of the last run and what they measured:
+docs/BENCHMARKS.md §3 and docs/results/attention_variants.h200.json.
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ from samebits.kernels.triton import attention as at
 
 DECODE = [(1, 512), (1, 8192), (8, 2048), (32, 2048), (64, 512), (64, 2048), (256, 512), (256, 2048)]
 PREFILL = [1024, 2048, 4096, 8192]
-# (name, module, rows or None, num_stages, num_warps[, module attributes to set]); a variant whose attribute the
-# module lacks (a switch of a pending change that this tree does not have) is skipped.
+# (name, module, rows or None, stages or None (the launcher's), num_warps[, switches]); a variant whose module
+# attribute the module lacks (a switch of a pending change that this tree does not have) is skipped.
 DECODE_VARIANTS = [("before", "before", None, None, 4), ("after", "after", None, None, 4),
                    ("after s2", "after", None, 2, 4), ("after s4", "after", None, 4, 4)]
 PREFILL_VARIANTS = [("before r64", "before", 64, None, 4), ("after r64", "after", 64, None, 4),
