@@ -112,7 +112,7 @@ TILE_CONFIGS["attention.query_tile"] = {
     "used 4 of its 64 rows at GQA 4. Transposed, the keys (64) and the head dim are M and the rows are N: on the H200 "
     "every row had the same bits at 16, 32, 64 and 128 rows, 4 and 8 warps, 2 and 3 stages, chunked, and decoded at "
     "51 positions, split-parallel or folded (scripts/attention_rows_probe.py). So a decode tile takes 16 rows, "
-    "prefill 64. Stages 2 beat 3 for the transposed kernel (decode b256 ctx 512: 0.152 vs 0.194 ms), 4 warps beat 8. "
+    "prefill 64. Stages 2 beat 3 for the plain loop (decode b256 ctx 512: 0.152 vs 0.194 ms), 4 warps beat 8. "
     "num_warps is bit-changing below 4: at 2 warps rows differ (decode b8-b256, prefill), while stages 2-5 and 4 or 8 "
     "warps give every bit of the committed launch; stages 2 was the fastest at 9 of 11 shapes, 5 stages "
     "won at b8 and b32 x 2048 (8-20 %; scripts/attention_stages_probe.py, docs/results/attention_stages.h200.json). "
