@@ -123,11 +123,14 @@ def _copy_specs(dtype):
     ptr = "*" + dtype
     kv = {"K": ptr, "V": ptr, "KC": ptr, "VC": ptr, "slots": "*i64", "stride_kt": "i32", "stride_vt": "i32",
           "HD": "constexpr", "BLOCK": "constexpr"}
-    rope = {"X": ptr, "OUT": ptr, "positions": "*i64", "COS_SIN": "*fp32", "stride_xt": "i32", "stride_xh": "i32",
-            "stride_ot": "i32", "stride_oh": "i32", "num_heads": "i32", "HALF": "constexpr", "BLOCK_H": "constexpr"}
+    rope = {"Q": ptr, "K": ptr, "QO": ptr, "KO": ptr, "positions": "*i64", "COS_SIN": "*fp32",
+            **{a: "i32" for a in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_qot", "stride_qoh",
+                                  "stride_kot", "stride_koh", "num_q_heads", "num_k_heads")},
+            "HALF": "constexpr", "BLOCK_Q": "constexpr", "BLOCK_K": "constexpr"}
     options = {"num_warps": 4, "num_stages": 1}
     return [(f"write_kv_{dtype}", _jit("kv_write", "_write_kv_kernel"), kv, {"HD": 1024, "BLOCK": 1024}, options),
-            (f"rope_{dtype}", _jit("rope", "_rope_kernel"), rope, {"HALF": 64, "BLOCK_H": 32}, options)]
+            (f"rope_{dtype}", _jit("rope", "_rope_kernel"), rope, {"HALF": 64, "BLOCK_Q": 32, "BLOCK_K": 8},
+             options)]
 
 
 def _attention_specs():

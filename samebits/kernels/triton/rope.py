@@ -11,14 +11,10 @@ from samebits.kernels.triton.attention import FP_FUSION
 
 
 @triton.jit
-def _rope_kernel(X, OUT, positions, COS_SIN, stride_xt, stride_xh, stride_ot, stride_oh, num_heads,
-                 HALF: tl.constexpr, BLOCK_H: tl.constexpr):
-    # grid (T,): every head of token t rotated by the table row of its position; fp32 arithmetic, one rounding.
-    t = tl.program_id(0)
-    pos = tl.load(positions + t).to(tl.int64)
+def _rotate(X, OUT, t, cos, sin, stride_xt, stride_xh, stride_ot, stride_oh, num_heads,
+            HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    # Every head of token t of X rotated into OUT; cos, sin [1, HALF] fp32; fp32 arithmetic, one rounding.
     j = tl.arange(0, HALF)
-    cos = tl.load(COS_SIN + pos * (2 * HALF) + j)[None, :]  # [1, HALF]
-    sin = tl.load(COS_SIN + pos * (2 * HALF) + HALF + j)[None, :]
     hh = tl.arange(0, BLOCK_H)
     ok = (hh < num_heads)[:, None]
     x_ptr = X + t * stride_xt + hh[:, None] * stride_xh + j[None, :]
@@ -29,16 +25,42 @@ def _rope_kernel(X, OUT, positions, COS_SIN, stride_xt, stride_xh, stride_ot, st
     tl.store(o_ptr + HALF, (x2 * cos + x1 * sin).to(OUT.dtype.element_ty), mask=ok)
 
 
-def _rope_one(x, positions, cos_sin):
-    t, h, d = x.shape
-    assert x.stride(2) == 1, f"apply_rope[triton]: head dim of {tuple(x.shape)} must be contiguous, {x.stride()}"
+@triton.jit
+def _rope_kernel(Q, K, QO, KO, positions, COS_SIN, stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh,
+                 stride_kot, stride_koh, num_q_heads, num_k_heads,
+                 HALF: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
+    # grid (T, 2): token t's query heads (axis 1 = 0) or key heads (1), rotated by the table row of its position. One
+    # launch for both: a decode step's layer is otherwise two launches of a few microseconds each.
+    t = tl.program_id(0)
+    pos = tl.load(positions + t).to(tl.int64)
+    j = tl.arange(0, HALF)
+    cos = tl.load(COS_SIN + pos * (2 * HALF) + j)[None, :]  # [1, HALF]
+    sin = tl.load(COS_SIN + pos * (2 * HALF) + HALF + j)[None, :]
+    if tl.program_id(1) == 0:
+        _rotate(Q, QO, t, cos, sin, stride_qt, stride_qh, stride_qot, stride_qoh, num_q_heads, HALF, BLOCK_Q)
+    else:
+        _rotate(K, KO, t, cos, sin, stride_kt, stride_kh, stride_kot, stride_koh, num_k_heads, HALF, BLOCK_K)
+
+
+def _check(x, cos_sin, name: str) -> None:
+    d = x.shape[2]
+    assert x.stride(2) == 1, f"apply_rope[triton]: {name}'s head dim of {tuple(x.shape)} must be contiguous, {x.stride()}"
     assert cos_sin.is_contiguous() and cos_sin.device == x.device, "apply_rope[triton]: table must be contiguous"
     assert d & (d - 1) == 0, f"apply_rope[triton]: head_dim {d} must be a power of two"
-    out = torch.empty(t, h, d, dtype=x.dtype, device=x.device)
-    _rope_kernel[(t,)](x, out, positions, cos_sin, x.stride(0), x.stride(1), out.stride(0), out.stride(1), h,
-                       HALF=d // 2, BLOCK_H=triton.next_power_of_2(h), enable_fp_fusion=FP_FUSION)
-    return out
 
 
 def apply_rope(q, k, positions, cos_sin):
-    return _rope_one(q, positions, cos_sin), _rope_one(k, positions, cos_sin)
+    """q [T, Hq, D], k [T, Hkv, D] (strided rows allowed) -> rotated copies, in one launch."""
+    _check(q, cos_sin, "q")
+    _check(k, cos_sin, "k")
+    assert k.shape[0] == q.shape[0] and k.shape[2] == q.shape[2], \
+        f"apply_rope[triton]: q {tuple(q.shape)} and k {tuple(k.shape)} need the same tokens and head dim"
+    t, hq, d = q.shape
+    hk = k.shape[1]
+    qo = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
+    ko = torch.empty(t, hk, d, dtype=k.dtype, device=k.device)
+    _rope_kernel[(t, 2)](q, k, qo, ko, positions, cos_sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+                         qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1), hq, hk, HALF=d // 2,
+                         BLOCK_Q=triton.next_power_of_2(hq), BLOCK_K=triton.next_power_of_2(hk),
+                         enable_fp_fusion=FP_FUSION)
+    return qo, ko
