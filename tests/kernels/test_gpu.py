@@ -162,3 +162,23 @@ def test_fused_silu_and_mul_gives_the_torch_forms_bits(dtype):
     x[0, :8] = torch.tensor([100.0, -100.0, 88.0, -88.0, 1e-40, -1e-40, 0.0, -0.0], dtype=dtype)
     assert_same_bits(K.silu_and_mul(x), torch_form(x), f"silu_and_mul {dtype}: fused vs torch")
     assert_same_bits(K.silu_and_mul(x[7:8]), K.silu_and_mul(x)[7:8], f"silu_and_mul {dtype}: a row alone")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope_launch_gives_the_torch_ops_bits_at_the_8b_shape(dtype):
+    """q and k (strided views of one qkv row, 32 and 8 heads of 128) rotated in one launch against the torch op on
+    this GPU, every element, with a row alone equal to its batched row."""
+    from samebits.kernels.rope import apply_rope as torch_rope
+    from samebits.kernels.triton.rope import apply_rope
+    from samebits.models.rope_scaling import rope_cos_sin
+
+    g = _gen()
+    qkv = _randn((257, 48, 128), dtype, g, 4.0)
+    q, k = qkv[:, :32], qkv[:, 32:40]
+    positions = torch.randint(0, 8192, (257,), generator=g, device="cuda")
+    table = rope_cos_sin(128, 8192, 500000.0, device="cuda")
+    got = apply_rope(q, k, positions, table)
+    for a, b, name in zip(got, torch_rope(q, k, positions, table), ("q", "k")):
+        assert_same_bits(a, b, f"rope {name} {dtype}: one launch vs the torch op")
+    for a, b in zip(apply_rope(q[9:10], k[9:10], positions[9:10], table), got):
+        assert_same_bits(a, b[9:10], f"rope {dtype}: a row alone")
