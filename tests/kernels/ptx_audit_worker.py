@@ -146,7 +146,16 @@ def _attention_specs():
             raw.append(_merge_spec(dtype, d, query_tile, split))
         raw += _copy_specs(dtype)
     fusion = {"enable_fp_fusion": query_tile["fp_fusion"]}
-    return [(f"attention {name}", (fn, sig, const, {}, {**options, **fusion})) for name, fn, sig, const, options in raw]
+    return [(f"attention {name}", (fn, sig, const, _runtime_alignment(fn, sig) if name.startswith("paged") else {},
+                                   {**options, **fusion})) for name, fn, sig, const, options in raw]
+
+
+def _runtime_alignment(fn, sig):
+    """The divisibility the runtime specialises a paged-attention launch on: every pointer (torch allocations) and
+    every cache, query and output stride is a multiple of 16 elements at the head dims with a tile; the block
+    table's row stride need not be, so it is left unaligned. Without it the K/V loads would not pipeline here."""
+    aligned = [a for a in fn.arg_names if sig.get(a, "").startswith("*") or (a.startswith("stride_") and a != "stride_bt")]
+    return {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
 
 
 def _ptx(spec):

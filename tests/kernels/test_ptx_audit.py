@@ -46,3 +46,14 @@ def test_matmul_configs_use_tensor_cores_and_a_pipeline(audit):
             assert r["cp_async"], f"{name}: no async-copy pipeline"
             if int(name.split()[1].split("x")[0]) >= 64:
                 assert r["wgmma"], f"{name}: no wgmma"
+
+
+def test_paged_attention_pipelines_its_loads_and_uses_wgmma(audit):
+    # Bits and speed: below wgmma (mma.sync, at 2 warps) rows come out with other bits (kernels/configs.py,
+    # attention.query_tile), and without cp.async the K/V loads do not overlap the arithmetic. fp32 runs exact
+    # products without tensor cores.
+    names = [n for n in audit if n.startswith("attention paged_attention") and "fp32" not in n]
+    assert len(names) == 8, names
+    for name in names:
+        assert audit[name]["wgmma"], f"{name}: no wgmma"
+        assert audit[name]["cp_async"], f"{name}: K/V loads not pipelined through cp.async"
