@@ -180,6 +180,9 @@ def main():
     specs = _matmul_specs() + _row_specs() + _attention_specs()
     specs.append(("control: tl.atomic_add fp32", _spec(_atomic_control, {"x_ptr": "*fp32", "out_ptr": "*fp32"}, {},
                                                         [], {"num_warps": 1})))
+    fn, sig, const, attrs, options = dict(specs)["attention paged_attention_bf16_d128_partial"]
+    specs.append(("control: paged attention at 2 warps", (fn, sig, const, attrs, {**options, "num_warps": 2})))
+    specs.append(("control: paged attention unaligned", (fn, sig, const, {}, options)))
     # ptxas runs as a subprocess, so threads overlap the compiles.
     with ThreadPoolExecutor(4) as pool:
         ptxs = list(pool.map(_ptx, [s for _, s in specs]))

@@ -57,3 +57,6 @@ def test_paged_attention_pipelines_its_loads_and_uses_wgmma(audit):
     for name in names:
         assert audit[name]["wgmma"], f"{name}: no wgmma"
         assert audit[name]["cp_async"], f"{name}: K/V loads not pipelined through cp.async"
+    # The controls: the same kernel at 2 warps (mma.sync) and without the alignment (no cp.async) are seen.
+    assert not audit["control: paged attention at 2 warps"]["wgmma"]
+    assert not audit["control: paged attention unaligned"]["cp_async"]
