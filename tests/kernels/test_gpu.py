@@ -182,3 +182,9 @@ def test_rope_launch_gives_the_torch_ops_bits_at_the_8b_shape(dtype):
         assert_same_bits(a, b, f"rope {name} {dtype}: one launch vs the torch op")
     for a, b in zip(apply_rope(q[9:10], k[9:10], positions[9:10], table), got):
         assert_same_bits(a, b[9:10], f"rope {dtype}: a row alone")
+    if dtype == torch.bfloat16:  # negative control: a form that rounds its products to bf16 first is seen
+        rows = table[positions][:, None, :]
+        x1, x2 = q[..., :64], q[..., 64:]
+        rounded = torch.cat([x1 * rows[..., :64].to(dtype) - x2 * rows[..., 64:].to(dtype),
+                             x2 * rows[..., :64].to(dtype) + x1 * rows[..., 64:].to(dtype)], dim=-1)
+        assert mismatch(rounded, got[0]).differing > 0, "the control changed no bit"

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits
+from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.kernels import get_ops
 from samebits.kernels.attention import paged_attention_reference
 from tests.kernels.test_attention import full_prefill, make_world, random_cuts, run
@@ -73,6 +73,11 @@ def test_block_ids_ahead_loop_equals_the_plain_loop(monkeypatch):
             plain = run(world, reqs, tri, parallel_splits=parallel, ahead=False)
             for a, b in zip(run(world, reqs, tri, parallel_splits=parallel, ahead=True), plain):
                 assert_same_bits(a, b, f"ahead vs plain loop, {reqs}, parallel splits {parallel}")
+    # Negative control: the same comparison sees another fold order (64-token splits) on the ahead loop.
+    reqs = [(0, 300, 300)]
+    plain = run(world, reqs, tri, ahead=False)[0]
+    monkeypatch.setattr(triton_ops, "SPLIT", 64)
+    assert mismatch(run(world, reqs, tri, ahead=True)[0], plain).differing > 0, "the control changed no bit"
 
 
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 2e-6), (torch.bfloat16, 6e-3), (torch.float16, 1e-3)])
