@@ -12,6 +12,7 @@ docs/BENCHMARKS.md §3 and docs/results/attention_variants.h200.json.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
-from attention import HQ, D, _bench, _paged  # benchmarks/attention.py
+from attention import BS, HQ, D, _bench, _paged  # benchmarks/attention.py
 
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.triton import attention as at
@@ -33,15 +34,19 @@ DECODE = [(1, 512), (1, 8192), (8, 2048), (32, 2048), (64, 512), (64, 2048), (25
 PREFILL = [1024, 2048, 4096, 8192]
 # (name, module, rows or None, stages or None (the launcher's), num_warps[, switches]); a variant whose module
 # attribute the module lacks (a switch of a pending change that this tree does not have) is skipped.
+# "_GRID": the launch's metadata says max_context_len = that, as a CUDA graph's does (engine/cuda_graphs.py).
 DECODE_VARIANTS = [("before", "before", None, None, 4), ("after", "after", None, None, 4),
-                   ("after s2", "after", None, 2, 4), ("after s4", "after", None, 4, 4)]
-PREFILL_VARIANTS = [("before r64", "before", 64, None, 4), ("after r64", "after", 64, None, 4),
-                    ("after ahead", "after", 64, None, 4, {"_AHEAD": True})]
+                   ("before graph", "before", None, None, 4, {"_GRID": 8192}),
+                   ("after graph", "after", None, None, 4, {"_GRID": 8192})]
+PREFILL_VARIANTS = [("before r64", "before", 64, None, 4), ("after r64", "after", 64, None, 4)]
+# Mixed batches: `batch` decodes at `ctx`, then one `ctx`-token prompt; eager, as an engine runs them.
+MIXED = [(64, 512), (192, 512), (192, 2048)]
+MIXED_VARIANTS = [("before", "before", {}), ("after", "after", {}), ("after one launch", "after", {"split_decodes": False})]
 
 # Below 4 warps Triton takes mma.sync, not wgmma (PTX), which changes bits, and 2 warps decoded 8-21 % faster at
 # batch >= 32 (docs/results/attention_stages.h200.json); at 2 warps prefill ran 1.5-2x slower than at 4
 # (docs/results/attention_variants.h200.json). Within each family prefill must equal decode: (warps, [(rows, stages)]).
-FAMILIES = [(4, [(64, 2), (64, 3)])]
+FAMILIES = [(4, [(64, 2)])]
 
 
 def _load(path):
@@ -75,6 +80,7 @@ def _run(mods, rows_out, kind, batch, ctx, variants):
         mod = mods[which]
         switches = dict(extra[0]) if extra else {}
         ahead = switches.pop("_AHEAD", None)  # the launcher's argument, not a module attribute
+        grid = switches.pop("_GRID", None)
         if not all(hasattr(mod, key) for key in switches):
             print(f"{kind} b{batch} c{ctx} {name}: skipped, the kernel has no {sorted(switches)}", flush=True)
             continue
@@ -85,7 +91,8 @@ def _run(mods, rows_out, kind, batch, ctx, variants):
         for key, value in switches.items():
             setattr(mod, key, value)
         kw = {"ahead": ahead} if ahead is not None else {}
-        call = functools.partial(mod.paged_attention, q, k_cache, v_cache, meta, scale, rows=rows, **kw)
+        launch_meta = dataclasses.replace(meta, max_context_len=grid) if grid else meta
+        call = functools.partial(mod.paged_attention, q, k_cache, v_cache, launch_meta, scale, rows=rows, **kw)
         try:
             out = call()
             ref = out if ref is None else ref
@@ -104,6 +111,23 @@ def _run(mods, rows_out, kind, batch, ctx, variants):
                          "ratio": sdpa / ms, "same_bits": same})
         print(f"{kind:7s} b{batch:<3d} c{ctx:<5d} {name:11s} {ms * 1e3:8.1f} us  sdpa {sdpa * 1e3:8.1f} us  "
               f"x{sdpa / ms:.2f}  same={same}", flush=True)
+
+
+def _mixed(mods, rows_out, batch, ctx):
+    """A mixed batch's attention, eager: every variant's bits equal the first's, each timed."""
+    q, _, _, k_cache, v_cache, meta = _paged(batch + 1, ctx, 1, torch.Generator().manual_seed(ctx - batch))
+    meta = AttentionMetadata.build([1] * batch + [ctx], [ctx] * (batch + 1), meta.block_tables.tolist(), BS, "cuda")
+    q = torch.randn(batch + ctx, HQ, D, device="cuda", dtype=q.dtype)
+    ref = None
+    for name, which, kw in MIXED_VARIANTS:
+        call = functools.partial(mods[which].paged_attention, q, k_cache, v_cache, meta, D ** -0.5, **kw)
+        out = call()
+        ref = out if ref is None else ref
+        row = {"kind": "mixed", "batch": batch, "context": ctx, "variant": name, "ms": _bench(call),
+               "same_bits": bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))}
+        rows_out.append(row)
+        print(f"mixed   b{batch:<3d} c{ctx:<5d} {name:16s} {row['ms'] * 1e3:8.1f} us  same={row['same_bits']}",
+              flush=True)
 
 
 def _family(rows_out, length, warps, prefill_tiles):
@@ -145,6 +169,8 @@ def main() -> None:
     rows: list[dict] = []
     for batch, ctx in DECODE:
         _run(mods, rows, "decode", batch, ctx, DECODE_VARIANTS)
+    for batch, ctx in MIXED:
+        _mixed(mods, rows, batch, ctx)
     for length in PREFILL:
         _run(mods, rows, "prefill", 1, length, PREFILL_VARIANTS)
     for warps, tiles in FAMILIES:

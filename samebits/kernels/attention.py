@@ -41,6 +41,9 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] int64, cache slot of each new token (block * BS + offset)
     max_query_len: int
     max_context_len: int
+    # How many sequences at the batch's start have one new token (the scheduler puts running decodes first): the
+    # Triton launcher gives them decode tiles in a mixed step. Changes no bit.
+    leading_decodes: int = 0
 
     @property
     def num_seqs(self) -> int:
@@ -69,6 +72,7 @@ class AttentionMetadata:
             slot_mapping=to_device(slots, torch.int64, device),
             max_query_len=max(query_lens, default=0),
             max_context_len=max(context_lens, default=0),
+            leading_decodes=next((b for b, n in enumerate(query_lens) if n != 1), len(query_lens)),
         )
 
 

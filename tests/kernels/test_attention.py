@@ -226,7 +226,10 @@ def test_metadata_build_checks_and_slots():
     # positions 3, 4 of seq 0 -> block 7 offset 3, block 2 offset 0; position 2 of seq 1 -> block 4 offset 2
     assert meta.slot_mapping.tolist() == [7 * 4 + 3, 2 * 4 + 0, 4 * 4 + 2]
     assert meta.block_tables.tolist() == [[7, 2], [4, 0]]
-    assert (meta.max_query_len, meta.max_context_len) == (2, 5)
+    assert (meta.max_query_len, meta.max_context_len, meta.leading_decodes) == (2, 5, 0)
+    counts = [AttentionMetadata.build(q, [3] * len(q), [[0]] * len(q), 4).leading_decodes
+              for q in ([1, 1, 3, 1], [1, 1], [2, 1], [])]
+    assert counts == [2, 2, 0, 0], counts
     with pytest.raises(ValueError, match="blocks"):
         AttentionMetadata.build([1], [9], [[0, 1]], 4)
     with pytest.raises(ValueError, match="query_len"):

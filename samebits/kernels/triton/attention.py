@@ -11,6 +11,8 @@ No atomics: each output element is written by exactly one program.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -268,10 +270,37 @@ def tile_rows(max_query_len: int, g: int) -> int:
 
 
 def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bool | None = None,
-                    rows: int | None = None, ahead: bool | None = None) -> torch.Tensor:
+                    rows: int | None = None, ahead: bool | None = None,
+                    split_decodes: bool | None = None) -> torch.Tensor:
     """q [T, Hq, D] -> [T, Hq, D]; caches [NB, BS, Hkv, D]. parallel_splits, rows and ahead (the block-ids-ahead
-    loop, by default on decode tiles) pick by shape when None; the bits are the same either way."""
+    loop, by default on decode tiles) pick by shape when None. split_decodes (by default when rows is not forced): a
+    mixed batch's leading one-token sequences (meta.leading_decodes) run as their own decode-tile launch, the rest as
+    the prefill launch. The bits are the same either way (tests/kernels/triton/test_attention.py)."""
     _check_attention(q, k_cache, v_cache, meta)
+    out = torch.empty_like(q)
+    if split_decodes is None:
+        split_decodes = rows is None
+    n_dec = meta.leading_decodes if split_decodes else 0
+    g = q.shape[1] // k_cache.shape[2]
+    if 0 < n_dec < meta.num_seqs and tile_rows(meta.max_query_len, g) != tile_rows(1, g):
+        # Sequence slices of the metadata: the kernel reads token offsets from cu_seqlens_q, so the rest's stay
+        # absolute, and the decodes' tokens are the batch's first n_dec.
+        head = dataclasses.replace(meta, cu_seqlens_q=meta.cu_seqlens_q[:n_dec + 1],
+                                   context_lens=meta.context_lens[:n_dec], block_tables=meta.block_tables[:n_dec],
+                                   max_query_len=1, leading_decodes=n_dec)
+        rest = dataclasses.replace(meta, cu_seqlens_q=meta.cu_seqlens_q[n_dec:],
+                                   context_lens=meta.context_lens[n_dec:], block_tables=meta.block_tables[n_dec:],
+                                   leading_decodes=0)
+        _launch(q[:n_dec], k_cache, v_cache, head, scale, out[:n_dec], parallel_splits, None, ahead)
+        _launch(q, k_cache, v_cache, rest, scale, out, parallel_splits, rows, ahead)
+    else:
+        _launch(q, k_cache, v_cache, meta, scale, out, parallel_splits, rows, ahead)
+    return out
+
+
+def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool | None, rows: int | None,
+            ahead: bool | None) -> None:
+    """The kernel over meta's sequences, whose new tokens are rows of q, into the same rows of out."""
     t, hq, d = q.shape
     bs, h_kv = k_cache.shape[1], k_cache.shape[2]
     g = hq // h_kv
@@ -281,7 +310,6 @@ def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bo
     if parallel_splits is None:
         parallel_splits = default_parallel_splits(meta, tokens_per_tile)
     n_split_grid = cdiv(meta.max_context_len, SPLIT) if parallel_splits else 1
-    out = torch.empty_like(q)
     if parallel_splits:
         pm = torch.empty(t, hq, n_split_grid, dtype=torch.float32, device=q.device)
         pl = torch.empty_like(pm)
@@ -302,4 +330,3 @@ def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bo
         _merge_splits_kernel[grid[:2] + (h_kv,)](
             out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, n_split_grid, hq, out.stride(0), out.stride(1),
             G=g, BQ=rows, D=d, SPLIT=SPLIT, num_warps=NUM_WARPS, enable_fp_fusion=FP_FUSION)
-    return out

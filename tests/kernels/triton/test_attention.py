@@ -2,6 +2,7 @@
 a GPU. The same invariants as the CPU path, bit for bit."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -17,8 +18,9 @@ triton_ops = pytest.importorskip("samebits.kernels.triton.attention")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def tri(q, k_cache, v_cache, meta, scale, parallel_splits=None, ahead=None):
-    return triton_ops.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits, ahead=ahead)
+def tri(q, k_cache, v_cache, meta, scale, parallel_splits=None, ahead=None, split_decodes=None):
+    return triton_ops.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits, ahead=ahead,
+                                      split_decodes=split_decodes)
 
 
 # (D, Hq, Hkv, lens): one GQA-4 head-dim-64 case crossing a split, one GQA-3 head-dim-128 case. Kept small: the
@@ -78,6 +80,48 @@ def test_block_ids_ahead_loop_equals_the_plain_loop(monkeypatch):
     plain = run(world, reqs, tri, ahead=False)[0]
     monkeypatch.setattr(triton_ops, "SPLIT", 64)
     assert mismatch(run(world, reqs, tri, ahead=True)[0], plain).differing > 0, "the control changed no bit"
+
+
+def test_a_mixed_batch_gives_its_leading_decodes_their_own_launch(monkeypatch):
+    """A mixed batch's leading one-token sequences run as a decode-tile launch beside the prefill launch (two launches
+    seen): the same bits as one prefill-tile launch, with splits in parallel and folded."""
+    monkeypatch.setattr(triton_ops, "SPLIT", 128)
+    # fp32, so that the control's other fold order shows in the outputs (bf16 can round it away on a few rows).
+    world = make_world([300, 70, 200, 90], 8, 2, 64, 16, dtype=torch.float32, seed=17, device=DEVICE)
+    reqs = [(0, 300, 1), (1, 64, 1), (2, 129, 1), (3, 90, 90), (2, 200, 40), (1, 70, 1)]
+    launches = []
+    launch = triton_ops._launch
+    monkeypatch.setattr(triton_ops, "_launch", lambda q, k, v, meta, *a: launches.append(
+        (meta.num_seqs, int(meta.cu_seqlens_q[0]), meta.max_query_len)) or launch(q, k, v, meta, *a))
+    for parallel in (None, False, True):
+        one = run(world, reqs, tri, parallel_splits=parallel, split_decodes=False)
+        launches.clear()
+        for a, b in zip(run(world, reqs, tri, parallel_splits=parallel, split_decodes=True), one):
+            assert_same_bits(a, b, f"decode launch + prefill launch vs one launch, parallel splits {parallel}")
+        # (sequences, first token, longest query) of each launch: the 3 decodes, then the rest from token 3.
+        assert launches == [(3, 0, 1), (3, 3, 90)], f"the launches were {launches}"
+    # Negative control: the same comparison sees another fold order (64-token splits) in the decode launch.
+    one = torch.cat(run(world, reqs, tri, split_decodes=False))
+    monkeypatch.setattr(triton_ops, "SPLIT", 64)
+    assert mismatch(torch.cat(run(world, reqs, tri, split_decodes=True)), one).differing > 0, "the control changed no bit"
+
+
+def test_a_grid_sized_for_a_longer_context_gives_the_same_bits(monkeypatch):
+    """A CUDA graph's grid is sized for max_model_len (engine/cuda_graphs.py): the programs past a row's last split
+    return at once, and a row of one split is written without the merge; the bits are the folded launch's."""
+    monkeypatch.setattr(triton_ops, "SPLIT", 128)
+    world = make_world([300, 70], 8, 2, 64, 16, dtype=torch.float32, seed=19, device=DEVICE)  # as above
+    reqs = [(0, 300, 1), (1, 70, 1), (0, 129, 1), (0, 128, 1)]
+    folded = run(world, reqs, tri, parallel_splits=False)
+    wide = run(world, reqs, lambda q, k, v, meta, scale: tri(q, k, v, dataclasses.replace(meta, max_context_len=1000),
+                                                              scale, parallel_splits=True))
+    for a, b in zip(wide, folded):
+        assert_same_bits(a, b, "an 8-split grid vs the folded launch")
+    # Negative control: the same comparison sees another fold order (64-token splits) in the wide grid.
+    monkeypatch.setattr(triton_ops, "SPLIT", 64)
+    wide = run(world, reqs, lambda q, k, v, meta, scale: tri(q, k, v, dataclasses.replace(meta, max_context_len=1000),
+                                                              scale, parallel_splits=True))
+    assert mismatch(torch.cat(wide), torch.cat(folded)).differing > 0, "the control changed no bit"
 
 
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 2e-6), (torch.bfloat16, 6e-3), (torch.float16, 1e-3)])

@@ -30,10 +30,11 @@ def world_for(d, hq, hkv, dtype, block_size=16, seed=0):
     return make_world(lengths(seed), hq, hkv, d, block_size, dtype=dtype, seed=seed, device="cuda")
 
 
-def pa(q, k_cache, v_cache, meta, scale, parallel_splits=None, ahead=None):
+def pa(q, k_cache, v_cache, meta, scale, parallel_splits=None, ahead=None, split_decodes=None):
     from samebits.kernels.triton import attention
 
-    return attention.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits, ahead=ahead)
+    return attention.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits, ahead=ahead,
+                                     split_decodes=split_decodes)
 
 
 @pytest.mark.parametrize("d,hq,hkv,dtype", CASES)
@@ -80,6 +81,46 @@ def test_block_ids_ahead_loop_equals_the_plain_loop(d, hq, hkv, dtype, monkeypat
 
     monkeypatch.setattr(attention, "SPLIT", 512)
     assert not mismatch(torch.cat(run(world, prefill, pa, ahead=True)), torch.cat(plain_prefill)).same
+
+
+@pytest.mark.parametrize("d,hq,hkv,dtype", CASES)
+def test_mixed_batch_decodes_in_their_own_launch_equal_prefill(d, hq, hkv, dtype, monkeypatch):
+    """A mixed batch (every sequence decoding at a random position, then every sequence's prompt again as a chunk):
+    its leading decodes take the decode-tile launch; each row equals the full prefill's, and the one-launch form's."""
+    world = world_for(d, hq, hkv, dtype, seed=7 * d + hq)
+    full = full_prefill(world, pa)
+    rng = random.Random(d + hkv)
+    at = [rng.randint(1, len(q)) for q in world.q]
+    reqs = [(s, t, 1) for s, t in enumerate(at)] + [(s, len(q), len(q) - len(q) // 3) for s, q in enumerate(world.q)]
+    mixed = run(world, reqs, pa)
+    for (s, t, n), out in zip(reqs, mixed):
+        assert_same_bits(out, full[s][t - n:t], f"seq {s}, {n} new of {t}, in the mixed batch")
+    assert_same_bits(torch.cat(run(world, reqs, pa, split_decodes=False)), torch.cat(mixed), "one launch")
+    # Negative control: the same comparison sees another fold order (512-token splits).
+    from samebits.kernels.triton import attention
+
+    monkeypatch.setattr(attention, "SPLIT", 512)
+    assert not mismatch(torch.cat(run(world, reqs, pa)), torch.cat(mixed)).same
+
+
+@pytest.mark.parametrize("d,hq,hkv,dtype", CASES[:1])
+def test_a_graph_sized_grid_equals_the_folded_launch(d, hq, hkv, dtype, monkeypatch):
+    """Decode with the grid a CUDA graph captures (max_context_len = 8192: programs past a row's last split return,
+    rows of one split skip the merge) gives the folded launch's bits at every position."""
+    import dataclasses
+
+    world = world_for(d, hq, hkv, dtype, seed=11 * d + hq)
+    reqs = [(s, t + 1, 1) for s, q in enumerate(world.q) for t in range(0, len(q), 7)]
+
+    def wide(q, k, v, meta, scale):
+        return pa(q, k, v, dataclasses.replace(meta, max_context_len=8192), scale, parallel_splits=True)
+
+    folded = torch.cat(run(world, reqs, pa, parallel_splits=False))
+    assert_same_bits(torch.cat(run(world, reqs, wide)), folded, "an 8-split grid vs the folded launch")
+    from samebits.kernels.triton import attention
+
+    monkeypatch.setattr(attention, "SPLIT", 512)  # negative control: another fold order is seen
+    assert not mismatch(torch.cat(run(world, reqs, wide)), folded).same
 
 
 @pytest.mark.parametrize("d,hq,hkv,dtype", CASES)
