@@ -148,7 +148,7 @@ def build_engine(args, batch: int, inputs: str, tokenizer, stream: list[int], cl
 
 
 def stub_model(engine, inputs: str, rows: int, clock: Clock) -> None:
-    """The model's forward and logits as stubs; with graph inputs, every batch size's graph as a NoGraph."""
+    """The model's forward and logits as stubs; with graph inputs, every graph a NoGraph, captured at no cost."""
     model, runner = engine.runner.model, engine.runner
     hidden = torch.zeros(max(rows, engine.config.max_num_batched_tokens), model.config.hidden_size)
     model.forward = clock.wrap("stub", lambda ids, *_: hidden[:ids.shape[0]])
@@ -160,7 +160,8 @@ def stub_model(engine, inputs: str, rows: int, clock: Clock) -> None:
                                      engine.max_model_len, engine.config.max_num_seqs)
         replay = NoGraph()
         replay.replay = clock.wrap("stub", replay.replay)
-        runner.graphs.graphs = {bs: (replay, hidden[:bs]) for bs in runner.graphs.buckets}
+        graphs = runner.graphs.graphs
+        runner.graphs.capture = lambda key: graphs.__setitem__(key, (replay, hidden[:key[0]]))
 
 
 def instrument(engine, clock: Clock) -> None:

@@ -1,10 +1,12 @@
-"""CUDA graphs for decode-only steps: one graph per padded batch size, replayed over static input buffers.
+"""CUDA graphs for decode-only steps: one graph per padded batch size and attention grid, replayed over static inputs.
 
 A decode batch of n sequences runs as a graph captured for the next bucket size >= n. The padding rows are 1-token
 dummies whose KV write is skipped (slot -1) and whose attention reads the runner's scratch block, so in deterministic
 mode they change no bit of a real row (each row's arithmetic depends only on its own data). The attention metadata
-is captured with max_context_len = max_model_len, so the kernels' grids are fixed; each row still stops at its own
-context length, and the split-KV merge gives the same bits as the in-program fold (tested in the attention suite).
+is captured with max_context_len = the step's grid length (`grid_len`: the KV split times a power of two, at least the
+step's longest context, at most max_model_len), so the kernels' grids are fixed per graph; each row still stops at its
+own context length, and the split-KV merge gives the same bits as the in-program fold (tested in the attention suite).
+A grid of max_model_len for every step cost 1.2-1.3x the attention at 512 tokens (docs/BENCHMARKS.md §3).
 """
 from __future__ import annotations
 
@@ -16,12 +18,15 @@ from samebits.arith import cdiv, kv_slot
 from samebits.engine.scheduler.bucketed import bucket_for, capped_ladder
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.common import to_device
+from samebits.kernels.configs import TILE_CONFIGS
 
 # Captured batch sizes (then max_num_seqs): denser than doubling above 32, where a padded row costs the most.
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 # A capture another thread's CUDA call voided (seen in the server on the H200) is retried at later steps, up to this
 # many times per batch size; only then does that size stay eager. Bits never depend on it: eager computes the same rows.
 CAPTURE_ATTEMPTS = 3
+# The attention's KV split (tokens): a grid of one split folds in one program, more run in parallel and merge.
+SPLIT_TOKENS = TILE_CONFIGS["attention.split_kv"]["config"]["tokens"]
 
 
 class DecodeGraphs:
@@ -39,23 +44,34 @@ class DecodeGraphs:
         # Leading table columns any step has written; every column past it still holds the scratch block.
         self.written = 0
         self.slots = torch.full((n,), -1, dtype=torch.int64, device=dev)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.failed_captures: collections.Counter[int] = collections.Counter()
+        # (batch bucket, grid length) -> the graph and its output buffer.
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.failed_captures: collections.Counter[tuple[int, int]] = collections.Counter()
         self.pool = None
 
     def accepts(self, output) -> bool:
         s = output.scheduled
         # A step the policy padded runs eagerly, as its fixed shape was chosen for the eager kernels.
         return (bool(s) and not output.padding and len(s) <= self.buckets[-1]
-                and self.failed_captures[self.bucket(len(s))] < CAPTURE_ATTEMPTS
-                and all(x.num_new_tokens == 1 and x.start + 1 <= self.max_model_len for x in s))
+                and all(x.num_new_tokens == 1 and x.start + 1 <= self.max_model_len for x in s)
+                and self.failed_captures[self.key(s)] < CAPTURE_ATTEMPTS)
 
     def bucket(self, n: int) -> int:
         return bucket_for(n, self.buckets)
 
-    def meta(self, bs: int) -> AttentionMetadata:
+    def grid_len(self, longest: int) -> int:
+        """The context length a graph's attention grid covers for a step whose longest context is `longest`."""
+        n = SPLIT_TOKENS
+        while n < longest:
+            n *= 2
+        return min(n, self.max_model_len)
+
+    def key(self, scheduled) -> tuple[int, int]:
+        return self.bucket(len(scheduled)), self.grid_len(max(x.start + 1 for x in scheduled))
+
+    def meta(self, bs: int, grid_len: int | None = None) -> AttentionMetadata:
         return AttentionMetadata(self.cu[:bs + 1], self.ctx[:bs], self.tables[:bs], self.slots[:bs],
-                                 max_query_len=1, max_context_len=self.max_model_len)
+                                 max_query_len=1, max_context_len=grid_len or self.max_model_len)
 
     def fill(self, scheduled, bs: int) -> None:
         """Copy the step's inputs into the static buffers; rows past the real ones become scratch-block dummies.
@@ -77,38 +93,39 @@ class DecodeGraphs:
         padded = table + [self.scratch_block] * (width - len(table))
         return [s.token_ids[0], p, p + 1, kv_slot(table, p, self.block_size)] + padded
 
-    def _eager(self, bs: int) -> torch.Tensor:
-        return self.model.forward(self.ids[:bs], self.positions[:bs], self.kv_caches, self.meta(bs))
+    def _eager(self, bs: int, grid_len: int) -> torch.Tensor:
+        return self.model.forward(self.ids[:bs], self.positions[:bs], self.kv_caches, self.meta(bs, grid_len))
 
-    def capture(self, bs: int) -> None:
+    def capture(self, key: tuple[int, int]) -> None:
         # Warm up on a side stream (compiles every Triton kernel at these shapes), then capture.
+        bs, grid_len = key
         self.ctx[:bs], self.slots[:bs] = 1, -1
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._eager(bs)
+                self._eager(bs, grid_len)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: CUDA calls from other threads (a server's, another engine's) must not void this capture; on
         # the H200 a capture in the server test fell back to eager under the default "global" mode.
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            out = self._eager(bs)
+            out = self._eager(bs, grid_len)
         self.pool = graph.pool()
-        self.graphs[bs] = (graph, out)
+        self.graphs[key] = (graph, out)
 
     def forward(self, scheduled, fill_pending=None) -> torch.Tensor:
         """Hidden states [n, H] of a decode-only step; `fill_pending(ids)` writes the ids still on the device."""
-        bs = self.bucket(len(scheduled))
-        if bs not in self.graphs:
+        key = self.key(scheduled)
+        if key not in self.graphs:
             try:
-                self.capture(bs)
+                self.capture(key)
             except RuntimeError:
-                self.failed_captures[bs] += 1
+                self.failed_captures[key] += 1
                 raise
-        self.fill(scheduled, bs)
+        self.fill(scheduled, key[0])
         if fill_pending is not None:
             fill_pending(self.ids)
-        graph, out = self.graphs[bs]
+        graph, out = self.graphs[key]
         graph.replay()
         return out[:len(scheduled)]

@@ -83,6 +83,42 @@ def test_graph_replay_equals_eager_on_cuda(tmp_path):
     assert runs[True] == runs[False]
 
 
+@pytest.mark.gpu
+def test_graphs_of_each_grid_length_equal_eager_on_cuda(tmp_path):
+    """Contexts that cross the KV split while decoding take graphs of two grid lengths (one split, folded; two, in
+    parallel and merged): every token and logprob bit equals eager."""
+    from samebits.engine.cuda_graphs import SPLIT_TOKENS
+
+    ckpt = write_tiny_checkpoint(tmp_path, "llama3", seed=4, torch_dtype="bfloat16", max_position_embeddings=4096,
+                                 **SHAPE)
+    prompts = [[3 + i] * (SPLIT_TOKENS - 20 + 9 * i) for i in range(6)]  # 1004..1049 tokens, 40 more each
+    params = SamplingParams(temperature=0.8, seed=9, max_tokens=40, logprobs=0, ignore_eos=True)
+    runs = {}
+    for graphs in (False, True):
+        llm = LLM(model=str(ckpt), device="cuda", cuda_graphs=graphs, kv_cache_tokens=16384, max_num_seqs=8)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        runs[graphs] = [(o.outputs[0].token_ids, float32_bits(o.outputs[0].token_logprobs)) for o in outs]
+        if graphs:
+            lens = {grid for _, grid in llm.engine.runner.graphs.graphs}
+            assert lens == {SPLIT_TOKENS, 2 * SPLIT_TOKENS}, f"graphs captured for grid lengths {lens}"
+    assert runs[True] == runs[False]
+
+
+def test_a_graph_grid_covers_the_longest_context_in_doubling_splits(tmp_path):
+    """grid_len: the KV split times a power of two, at least the longest context, at most max_model_len; a step's
+    graph key changes when its longest context crosses a split, not with every token."""
+    from samebits.engine.cuda_graphs import SPLIT_TOKENS as S
+
+    def graphs(max_model_len):
+        return DecodeGraphs(SimpleNamespace(device="cpu"), None, 16, 0, max_model_len, 8)
+
+    g = graphs(8 * S)
+    assert [g.grid_len(n) for n in (1, S, S + 1, 3 * S, 4 * S + 1, 8 * S)] == [S, S, 2 * S, 4 * S, 8 * S, 8 * S]
+    assert graphs(3 * S).grid_len(2 * S + 5) == 3 * S and graphs(S // 2).grid_len(10) == S // 2
+    steps = [[_decode_item([0], p) for p in (5, S - 1 + d)] for d in range(3)]  # the longest context S-1+d+1
+    assert [g.key(s) for s in steps] == [(2, S), (2, 2 * S), (2, 2 * S)]
+
+
 def float32_bits(values: list[float]) -> list[int]:
     return torch.tensor(values, dtype=torch.float32).view(torch.int32).tolist()
 
@@ -125,7 +161,7 @@ def test_a_voided_capture_is_retried_then_that_size_stays_eager(tmp_path, monkey
     runner.graphs = graphs = DecodeGraphs(runner.model, runner.kv_caches, runner.block_size, runner.scratch_block,
                                           512, 8)
 
-    def voided(bs):
+    def voided(key):
         raise RuntimeError("operation failed due to a previous error during capture")
 
     monkeypatch.setattr(graphs, "capture", voided)
@@ -134,4 +170,4 @@ def test_a_voided_capture_is_retried_then_that_size_stays_eager(tmp_path, monkey
         with pytest.warns(UserWarning, match="retried"):
             assert runner._graph_forward(out, None) is None
         assert runner.graphs is graphs, "one failure keeps the graphs"
-    assert graphs.failed_captures[8] == CAPTURE_ATTEMPTS and not graphs.accepts(out)
+    assert graphs.failed_captures[graphs.key(out.scheduled)] == CAPTURE_ATTEMPTS and not graphs.accepts(out)
