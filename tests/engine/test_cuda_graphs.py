@@ -72,15 +72,20 @@ def test_graph_replay_equals_eager_on_cuda(tmp_path):
     ckpt = write_tiny_checkpoint(tmp_path, "llama3", seed=2, torch_dtype="bfloat16", **SHAPE)
     prompts = [[7 + i] * (20 + 25 * i) for i in range(19)]  # longest 470 + 24 tokens: inside max_model_len 512
     params = SamplingParams(temperature=0.8, seed=5, max_tokens=24, logprobs=0, ignore_eos=True)
+    eager, graphed, graphs = eager_and_graphed(ckpt, prompts, params, max_num_seqs=32)
+    assert graphs, "no graph was captured"
+    assert graphed == eager
+
+
+def eager_and_graphed(ckpt, prompts, params, max_num_seqs: int):
+    """Each request's tokens and logprob bits with CUDA graphs off, then on; and the graphs' keys."""
     runs = {}
     for graphs in (False, True):
-        llm = LLM(model=str(ckpt), device="cuda", cuda_graphs=graphs, kv_cache_tokens=16384, max_num_seqs=32)
+        llm = LLM(model=str(ckpt), device="cuda", cuda_graphs=graphs, kv_cache_tokens=16384, max_num_seqs=max_num_seqs)
         outs = llm.generate(prompts, params, use_tqdm=False)
         # Logprobs as int32 bit patterns: == on floats would let a -0.0 / 0.0 difference pass.
         runs[graphs] = [(o.outputs[0].token_ids, float32_bits(o.outputs[0].token_logprobs)) for o in outs]
-        if graphs:
-            assert llm.engine.runner.graphs.graphs, "no graph was captured"
-    assert runs[True] == runs[False]
+    return runs[False], runs[True], set(llm.engine.runner.graphs.graphs)
 
 
 @pytest.mark.gpu
@@ -93,15 +98,10 @@ def test_graphs_of_each_grid_length_equal_eager_on_cuda(tmp_path):
                                  **SHAPE)
     prompts = [[3 + i] * (SPLIT_TOKENS - 20 + 9 * i) for i in range(6)]  # 1004..1049 tokens, 40 more each
     params = SamplingParams(temperature=0.8, seed=9, max_tokens=40, logprobs=0, ignore_eos=True)
-    runs = {}
-    for graphs in (False, True):
-        llm = LLM(model=str(ckpt), device="cuda", cuda_graphs=graphs, kv_cache_tokens=16384, max_num_seqs=8)
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        runs[graphs] = [(o.outputs[0].token_ids, float32_bits(o.outputs[0].token_logprobs)) for o in outs]
-        if graphs:
-            lens = {grid for _, grid in llm.engine.runner.graphs.graphs}
-            assert lens == {SPLIT_TOKENS, 2 * SPLIT_TOKENS}, f"graphs captured for grid lengths {lens}"
-    assert runs[True] == runs[False]
+    eager, graphed, graphs = eager_and_graphed(ckpt, prompts, params, max_num_seqs=8)
+    lens = {grid for _, grid in graphs}
+    assert lens == {SPLIT_TOKENS, 2 * SPLIT_TOKENS}, f"graphs captured for grid lengths {lens}"
+    assert graphed == eager
 
 
 def test_a_graph_grid_covers_the_longest_context_in_doubling_splits(tmp_path):
