@@ -12,17 +12,19 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=.:/tmp/site
 fi
 eval "$(python3 -m samebits env --shell)"
-# Triton's compiled kernels from an earlier call, if carried (cp the last call's $OUT/triton-cache.tgz into
+# Triton's compiled kernels from an earlier call, if carried (cp the last call's $OUT/triton-cache.tgz.* into
 # .triton-cache/, which .git/info/exclude ignores, and name .triton-cache in carry): its keys hash each kernel's source,
-# options and compiler, so a changed kernel compiles afresh and nothing stale is used. Saved again at the end.
+# options and compiler, so a changed kernel compiles afresh and nothing stale is used. Saved again at the end, in
+# 15 MiB parts (a file back from $OUT may hold 16 MiB), at most 3 of them.
 export TRITON_CACHE_DIR=/tmp/triton-cache
 mkdir -p "$TRITON_CACHE_DIR"
-[ -f .triton-cache/triton-cache.tgz ] && tar -xzf .triton-cache/triton-cache.tgz -C "$TRITON_CACHE_DIR"
+ls .triton-cache/triton-cache.tgz.* >/dev/null 2>&1 && cat .triton-cache/triton-cache.tgz.* | tar -xz -C "$TRITON_CACHE_DIR"
 save_cache() {
-  tar -czf "$OUT/triton-cache.tgz" -C "$TRITON_CACHE_DIR" . 2>/dev/null
-  local size; size=$(stat -c %s "$OUT/triton-cache.tgz" 2>/dev/null || echo 0)
-  echo "triton cache: $((size / 1048576)) MiB"
-  [ "$size" -le $((16 * 1048576)) ] || { echo "triton cache over 16 MiB: not kept"; rm -f "$OUT/triton-cache.tgz"; }
+  rm -f "$OUT"/triton-cache.tgz.*
+  tar -cz -C "$TRITON_CACHE_DIR" . 2>/dev/null | split -b 15M -d -a 2 - "$OUT/triton-cache.tgz."
+  local parts; parts=$(ls "$OUT"/triton-cache.tgz.* 2>/dev/null | wc -l)
+  echo "triton cache: $parts part(s) of at most 15 MiB"
+  [ "$parts" -le 3 ] || { echo "triton cache over 45 MiB: not kept"; rm -f "$OUT"/triton-cache.tgz.*; }
 }
 trap save_cache EXIT
 # samebits check against our own server on the 8B random shape; the report lands in $OUT/check.h200.MODE.*
