@@ -84,16 +84,22 @@ def busy_ms(engine, steps: int) -> tuple[float, list, list]:
     return total, top, host
 
 
-def measure(loaded, mode: str, overlap: bool, batches, prompt_len: int, steps: int) -> list[dict]:
+def measure(loaded, mode: str, overlap: bool, grid: str, batches, prompt_len: int, steps: int) -> list[dict]:
+    """grid "full": decode graphs sized for max_model_len's splits whatever the contexts, as before graphs per grid
+    length (engine/cuda_graphs.py grid_len); "tight": the engine's own."""
     rows = []
     with deterministic_runtime() if mode == "deterministic" else contextlib.nullcontext():
         engine = e2e.make_engine(loaded, mode, "dynamic", async_scheduling=overlap)
+        graphs = engine.runner.graphs
+        if grid == "full" and graphs is not None:
+            graphs.grid_len = lambda longest: graphs.max_model_len
         for batch in batches:
             fill(engine, batch, prompt_len, loaded.config.vocab_size)
             wall = wall_ms(engine, steps)
             busy, top, host_ops = busy_ms(engine, min(steps, 8))
             own, cum = host_hotspots(engine, min(steps, 8))
-            rows.append({"mode": mode, "async_scheduling": overlap, "batch": batch, "wall_ms": wall, "gpu_busy_ms": busy,
+            rows.append({"mode": mode, "async_scheduling": overlap, "grid": grid, "batch": batch, "wall_ms": wall,
+                         "gpu_busy_ms": busy,
                          "host_exposed": 1 - busy / wall, "top_kernels_ms": top,
                          "host_ops_ms_calls": host_ops, "host_tottime_ms": own,
                          "host_cumtime_ms": cum})
@@ -119,9 +125,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     loaded = random_shape_model(args.shape, args.device)
     batches = [int(b) for b in args.batches.split(",")]
-    # Async scheduling off and on side by side: what overlapping the host with the GPU buys, in one run.
-    runs = [("deterministic", False), ("deterministic", True), ("fast", True)]
-    rows = [r for mode, overlap in runs for r in measure(loaded, mode, overlap, batches, args.prompt_len, args.steps)]
+    # Async scheduling off and on, and graph grids tight and full, side by side: what each buys, in one run.
+    runs = [("deterministic", False, "tight"), ("deterministic", True, "tight"), ("deterministic", True, "full"),
+            ("fast", True, "tight")]
+    rows = [r for mode, overlap, grid in runs
+            for r in measure(loaded, mode, overlap, grid, batches, args.prompt_len, args.steps)]
     (args.out / "steps.json").write_text(json.dumps({"shape": args.shape, "rows": rows}, indent=2))
     print_table(rows)
     plot(rows, args.out / "steps.png")
@@ -132,12 +140,12 @@ def print_table(rows: list[dict]) -> None:
     from rich.table import Table
 
     t = Table(title="decode step: wall vs GPU busy")
-    for c in ("mode", "async", "batch", "wall ms", "GPU busy ms", "host exposed", "top kernel"):
+    for c in ("mode", "async", "graph grid", "batch", "wall ms", "GPU busy ms", "host exposed", "top kernel"):
         t.add_column(c)
     for r in rows:
         name, ms = r["top_kernels_ms"][0] if r["top_kernels_ms"] else ("-", 0.0)
-        t.add_row(r["mode"], "on" if r["async_scheduling"] else "off", str(r["batch"]), f"{r['wall_ms']:.2f}", f"{r['gpu_busy_ms']:.2f}",
-                  f"{r['host_exposed']:.0%}", f"{name[:40]} {ms:.2f}")
+        t.add_row(r["mode"], "on" if r["async_scheduling"] else "off", r["grid"], str(r["batch"]), f"{r['wall_ms']:.2f}",
+                  f"{r['gpu_busy_ms']:.2f}", f"{r['host_exposed']:.0%}", f"{name[:40]} {ms:.2f}")
     Console().print(t)
 
 
@@ -148,7 +156,8 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 3.5))
-    labels = [f"{r['mode'][:3]}{'+a' if r['async_scheduling'] else ''} b{r['batch']}" for r in rows]
+    labels = [f"{r['mode'][:3]}{'+a' if r['async_scheduling'] else ''}{'+full' if r['grid'] == 'full' else ''} "
+              f"b{r['batch']}" for r in rows]
     ax.bar(labels, [r["wall_ms"] for r in rows], label="wall")
     ax.bar(labels, [r["gpu_busy_ms"] for r in rows], label="GPU busy")
     ax.set_ylabel("ms per decode step")
