@@ -96,7 +96,8 @@ def test_graphs_of_each_grid_length_equal_eager_on_cuda(tmp_path):
 
     ckpt = write_tiny_checkpoint(tmp_path, "llama3", seed=4, torch_dtype="bfloat16", max_position_embeddings=4096,
                                  **SHAPE)
-    prompts = [[3 + i] * (SPLIT_TOKENS - 20 + 9 * i) for i in range(6)]  # 1004..1049 tokens, 40 more each
+    # 994..1014 tokens, 40 more each: the longest context crosses the split after the first decode steps.
+    prompts = [[3 + i] * (SPLIT_TOKENS - 30 + 4 * i) for i in range(6)]
     params = SamplingParams(temperature=0.8, seed=9, max_tokens=40, logprobs=0, ignore_eos=True)
     eager, graphed, graphs = eager_and_graphed(ckpt, prompts, params, max_num_seqs=8)
     lens = {grid for _, grid in graphs}
