@@ -89,10 +89,11 @@ def eager_and_graphed(ckpt, prompts, params, max_num_seqs: int):
 
 
 @pytest.mark.gpu
-def test_graphs_of_each_grid_length_equal_eager_on_cuda(tmp_path):
+def test_graphs_of_each_grid_length_equal_eager_on_cuda(tmp_path, monkeypatch):
     """Contexts that cross the KV split while decoding take graphs of two grid lengths (one split, folded; two, in
     parallel and merged): every token and logprob bit equals eager."""
     from samebits.engine.cuda_graphs import SPLIT_TOKENS
+    from samebits.kernels.triton import attention
 
     ckpt = write_tiny_checkpoint(tmp_path, "llama3", seed=4, torch_dtype="bfloat16", max_position_embeddings=4096,
                                  **SHAPE)
@@ -103,6 +104,10 @@ def test_graphs_of_each_grid_length_equal_eager_on_cuda(tmp_path):
     lens = {grid for _, grid in graphs}
     assert lens == {SPLIT_TOKENS, 2 * SPLIT_TOKENS}, f"graphs captured for grid lengths {lens}"
     assert graphed == eager
+    # Negative control: the same comparison sees another fold order (512-token splits) inside the graphs.
+    monkeypatch.setattr(attention, "SPLIT", SPLIT_TOKENS // 2)
+    _, other, _ = eager_and_graphed(ckpt, prompts, params, max_num_seqs=8)
+    assert other != eager
 
 
 def test_a_graph_grid_covers_the_longest_context_in_doubling_splits(tmp_path):
