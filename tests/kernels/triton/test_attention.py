@@ -107,21 +107,21 @@ def test_a_mixed_batch_gives_its_leading_decodes_their_own_launch(monkeypatch):
 
 
 def test_a_grid_sized_for_a_longer_context_gives_the_same_bits(monkeypatch):
-    """A CUDA graph's grid is sized for max_model_len (engine/cuda_graphs.py): the programs past a row's last split
-    return at once, and a row of one split is written without the merge; the bits are the folded launch's."""
+    """A CUDA graph's grid covers more splits than its rows reach (engine/cuda_graphs.py grid_len): the programs
+    past a row's last split store nothing, and the bits are the folded launch's."""
     monkeypatch.setattr(triton_ops, "SPLIT", 128)
     world = make_world([300, 70], 8, 2, 64, 16, dtype=torch.float32, seed=19, device=DEVICE)  # as above
     reqs = [(0, 300, 1), (1, 70, 1), (0, 129, 1), (0, 128, 1)]
+
+    def wide(q, k, v, meta, scale):
+        return tri(q, k, v, dataclasses.replace(meta, max_context_len=1000), scale, parallel_splits=True)
+
     folded = run(world, reqs, tri, parallel_splits=False)
-    wide = run(world, reqs, lambda q, k, v, meta, scale: tri(q, k, v, dataclasses.replace(meta, max_context_len=1000),
-                                                              scale, parallel_splits=True))
-    for a, b in zip(wide, folded):
+    for a, b in zip(run(world, reqs, wide), folded):
         assert_same_bits(a, b, "an 8-split grid vs the folded launch")
     # Negative control: the same comparison sees another fold order (64-token splits) in the wide grid.
     monkeypatch.setattr(triton_ops, "SPLIT", 64)
-    wide = run(world, reqs, lambda q, k, v, meta, scale: tri(q, k, v, dataclasses.replace(meta, max_context_len=1000),
-                                                              scale, parallel_splits=True))
-    assert mismatch(torch.cat(wide), torch.cat(folded)).differing > 0, "the control changed no bit"
+    assert mismatch(torch.cat(run(world, reqs, wide)), torch.cat(folded)).differing > 0, "the control changed no bit"
 
 
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 2e-6), (torch.bfloat16, 6e-3), (torch.float16, 1e-3)])

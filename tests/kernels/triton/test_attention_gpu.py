@@ -105,8 +105,8 @@ def test_mixed_batch_decodes_in_their_own_launch_equal_prefill(d, hq, hkv, dtype
 
 @pytest.mark.parametrize("d,hq,hkv,dtype", CASES[:1])
 def test_a_graph_sized_grid_equals_the_folded_launch(d, hq, hkv, dtype, monkeypatch):
-    """Decode with the grid a CUDA graph captures (max_context_len = 8192: programs past a row's last split return,
-    rows of one split skip the merge) gives the folded launch's bits at every position."""
+    """Decode with a grid of more splits than the rows reach (max_context_len = 8192, as a CUDA graph for
+    max_model_len 8192 captures) gives the folded launch's bits at every 7th position."""
     import dataclasses
 
     world = world_for(d, hq, hkv, dtype, seed=11 * d + hq)
