@@ -6,8 +6,8 @@
 The before file is another copy of samebits/kernels/triton/attention.py (main's, when the tree holds a change to
 it). Every variant's output must equal the before-kernel's bits; each is timed (decode in a CUDA graph) beside SDPA
 on the same data, so a change's speed-up is a ratio from one run. Variants set the launch's stages, rows, the
-block-ids-ahead loop (`_AHEAD`) or module switches. Last, per warp count, whether prefill tiles and decode agree bit
-for bit, and the prefill times. The variants of the last run and what they measured:
+block-ids-ahead loop (`_AHEAD`), the split strategy (`_PARALLEL`), the grid (`_GRID`) or module switches. Last, per
+warp count and switches, whether prefill tiles and decode agree bit for bit, and the prefill times. The variants of the last run and what they measured:
 docs/BENCHMARKS.md §3 and docs/results/attention_variants.h200.json.
 """
 from __future__ import annotations
@@ -34,11 +34,17 @@ DECODE = [(1, 512), (1, 8192), (8, 2048), (32, 2048), (64, 512), (64, 2048), (25
 PREFILL = [1024, 2048, 4096, 8192]
 # (name, module, rows or None, stages or None (the launcher's), num_warps[, switches]); a variant whose module
 # attribute the module lacks (a switch of a pending change that this tree does not have) is skipped.
-# "_GRID": the launch's metadata says max_context_len = that, as a CUDA graph's does (engine/cuda_graphs.py).
+# "_GRID": the launch's metadata says max_context_len = that, as a CUDA graph's does (engine/cuda_graphs.py);
+# "_PARALLEL": the launcher's parallel_splits. SPLIT 256 changes bits: with splits folded at large batches (no merge)
+# and parallel at small ones, a smaller split may win at both ends (docs/BENCHMARKS.md §3).
 DECODE_VARIANTS = [("before", "before", None, None, 4), ("after", "after", None, None, 4),
                    ("before graph", "before", None, None, 4, {"_GRID": 8192}),
-                   ("after graph", "after", None, None, 4, {"_GRID": 8192})]
-PREFILL_VARIANTS = [("before r64", "before", 64, None, 4), ("after r64", "after", 64, None, 4)]
+                   ("after graph", "after", None, None, 4, {"_GRID": 8192}),
+                   ("folded", "after", None, None, 4, {"_PARALLEL": False}),
+                   ("split256 parallel", "after", None, None, 4, {"SPLIT": 256, "_PARALLEL": True}),
+                   ("split256 folded", "after", None, None, 4, {"SPLIT": 256, "_PARALLEL": False})]
+PREFILL_VARIANTS = [("before r64", "before", 64, None, 4), ("after r64", "after", 64, None, 4),
+                    ("split256 r64", "after", 64, None, 4, {"SPLIT": 256})]
 # Mixed batches: `batch` decodes at `ctx`, then one `ctx`-token prompt; eager, as an engine runs them.
 MIXED = [(64, 512), (192, 512), (192, 2048)]
 MIXED_VARIANTS = [("before", "before", {}), ("after", "after", {}), ("after one launch", "after", {"split_decodes": False})]
@@ -46,7 +52,7 @@ MIXED_VARIANTS = [("before", "before", {}), ("after", "after", {}), ("after one 
 # Below 4 warps Triton takes mma.sync, not wgmma (PTX), which changes bits, and 2 warps decoded 8-21 % faster at
 # batch >= 32 (docs/results/attention_stages.h200.json); at 2 warps prefill ran 1.5-2x slower than at 4
 # (docs/results/attention_variants.h200.json). Within each family prefill must equal decode: (warps, [(rows, stages)]).
-FAMILIES = [(4, [(64, 2)])]
+FAMILIES = [(4, [(64, 2)], {}), (4, [(64, 2)], {"SPLIT": 256})]  # (warps, [(rows, stages)], module switches)
 
 
 def _load(path):
@@ -79,7 +85,8 @@ def _run(mods, rows_out, kind, batch, ctx, variants):
     for name, which, rows, stages, warps, *extra in variants:
         mod = mods[which]
         switches = dict(extra[0]) if extra else {}
-        ahead = switches.pop("_AHEAD", None)  # the launcher's argument, not a module attribute
+        ahead = switches.pop("_AHEAD", None)  # the launcher's arguments, not module attributes
+        parallel = switches.pop("_PARALLEL", None)
         grid = switches.pop("_GRID", None)
         if not all(hasattr(mod, key) for key in switches):
             print(f"{kind} b{batch} c{ctx} {name}: skipped, the kernel has no {sorted(switches)}", flush=True)
@@ -90,7 +97,7 @@ def _run(mods, rows_out, kind, batch, ctx, variants):
         mod.NUM_WARPS = warps
         for key, value in switches.items():
             setattr(mod, key, value)
-        kw = {"ahead": ahead} if ahead is not None else {}
+        kw = {k: v for k, v in (("ahead", ahead), ("parallel_splits", parallel)) if v is not None}
         launch_meta = dataclasses.replace(meta, max_context_len=grid) if grid else meta
         call = functools.partial(mod.paged_attention, q, k_cache, v_cache, launch_meta, scale, rows=rows, **kw)
         try:
@@ -130,7 +137,7 @@ def _mixed(mods, rows_out, batch, ctx):
               flush=True)
 
 
-def _family(rows_out, length, warps, prefill_tiles):
+def _family(rows_out, length, warps, prefill_tiles, switches):
     """Within one warp count: every prefill tile's rows equal to each other and its last row equal to the decode of
     that token (prefill == decode, the kernel's invariance); prefill times beside SDPA's."""
     q, k, v, k_cache, v_cache, meta = _paged(1, length, length, torch.Generator().manual_seed(length))
@@ -138,9 +145,11 @@ def _family(rows_out, length, warps, prefill_tiles):
     qs, ks, vs = q.view(1, -1, HQ, D).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     sdpa = _bench(lambda: F.scaled_dot_product_attention(qs, ks, vs, scale=scale, is_causal=True, enable_gqa=True))
     one = AttentionMetadata.build([1], [length], meta.block_tables.tolist(), k_cache.shape[1], q.device)
-    committed = _stages(at), at.NUM_WARPS
+    committed = _stages(at), at.NUM_WARPS, {key: getattr(at, key) for key in switches}
     try:
         at.NUM_WARPS = warps
+        for key, value in switches.items():
+            setattr(at, key, value)
         decoded = at.paged_attention(q[-1:], k_cache, v_cache, one, scale)
         first = None
         for rows, stages in prefill_tiles:
@@ -148,18 +157,21 @@ def _family(rows_out, length, warps, prefill_tiles):
             call = functools.partial(at.paged_attention, q, k_cache, v_cache, meta, scale, rows=rows)
             out = call()
             first = out if first is None else first
-            row = {"kind": "family", "warps": warps, "context": length, "rows": rows, "stages": stages,
+            row = {"kind": "family", "warps": warps, "switches": switches, "context": length, "rows": rows,
+                   "stages": stages,
                    "ms": _bench(call), "sdpa_ms": sdpa,
                    "same_as_first_tile": bool(torch.equal(out.view(torch.int16), first.view(torch.int16))),
                    "last_row_equals_decode": bool(torch.equal(out[-1:].view(torch.int16), decoded.view(torch.int16)))}
             row["ratio"] = sdpa / row["ms"]
             rows_out.append(row)
-            print(f"family w{warps} prefill c{length} r{rows} s{stages}: {row['ms'] * 1e3:8.1f} us  "
+            print(f"family w{warps} {switches} prefill c{length} r{rows} s{stages}: {row['ms'] * 1e3:8.1f} us  "
                   f"x{row['ratio']:.2f}  tiles agree={row['same_as_first_tile']}  "
                   f"prefill==decode={row['last_row_equals_decode']}", flush=True)
     finally:
         _set_stages(at, committed[0])
         at.NUM_WARPS = committed[1]
+        for key, value in committed[2].items():
+            setattr(at, key, value)
 
 
 def main() -> None:
@@ -173,9 +185,9 @@ def main() -> None:
         _mixed(mods, rows, batch, ctx)
     for length in PREFILL:
         _run(mods, rows, "prefill", 1, length, PREFILL_VARIANTS)
-    for warps, tiles in FAMILIES:
+    for warps, tiles, switches in FAMILIES:
         for length in (1024, 4096):
-            _family(rows, length, warps, tiles)
+            _family(rows, length, warps, tiles, switches)
     with open(os.path.join(out_dir, "attention_variants.json"), "w") as f:
         json.dump({"rows": rows}, f, indent=1)
 
