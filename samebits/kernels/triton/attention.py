@@ -257,9 +257,21 @@ def _check_attention(q, k_cache, v_cache, meta) -> None:
     assert meta.block_tables.stride(1) == 1, f"{what}: block table rows must be contiguous"
 
 
-def default_parallel_splits(meta, tokens_per_tile: int) -> bool:
-    """Decode-shaped batches run their splits in parallel; the bits are the same either way (tested)."""
-    return meta.max_query_len <= tokens_per_tile and meta.max_context_len > SPLIT
+# Decode launches of at least this many (sequence, KV head) programs fold up to FOLD_SPLITS splits in each program
+# instead of running them in parallel and merging: on the H200, folded 2-split decode took 71.1 / 138.8 / 525.6 us
+# against 77.7 / 146.1 / 542.2 parallel at batch 32 / 64 / 256 x 2048 tokens, and lost below 32 x 8 programs (8 x 2048:
+# 50.5 against 30.3 us); longer contexts stay parallel, so one long sequence is never walked by one program alone
+# (docs/results/attention_variants.h200.deferred.json). The bits are the same either way.
+FOLD_PROGRAMS = 256
+FOLD_SPLITS = 2
+
+
+def default_parallel_splits(meta, tokens_per_tile: int, kv_heads: int) -> bool:
+    """Decode-shaped batches run their splits in parallel, except many programs' short contexts (FOLD_PROGRAMS);
+    the bits are the same either way (tested)."""
+    if meta.max_query_len > tokens_per_tile or meta.max_context_len <= SPLIT:
+        return False
+    return meta.num_seqs * kv_heads < FOLD_PROGRAMS or meta.max_context_len > FOLD_SPLITS * SPLIT
 
 
 def tile_rows(max_query_len: int, g: int) -> int:
@@ -308,7 +320,7 @@ def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool 
     tokens_per_tile = rows // g
     ahead = rows < ROWS if ahead is None else ahead
     if parallel_splits is None:
-        parallel_splits = default_parallel_splits(meta, tokens_per_tile)
+        parallel_splits = default_parallel_splits(meta, tokens_per_tile, h_kv)
     n_split_grid = cdiv(meta.max_context_len, SPLIT) if parallel_splits else 1
     if parallel_splits:
         pm = torch.empty(t, hq, n_split_grid, dtype=torch.float32, device=q.device)

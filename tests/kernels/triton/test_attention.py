@@ -124,6 +124,22 @@ def test_a_grid_sized_for_a_longer_context_gives_the_same_bits(monkeypatch):
     assert mismatch(torch.cat(run(world, reqs, wide)), torch.cat(folded)).differing > 0, "the control changed no bit"
 
 
+def test_the_split_policy_folds_many_programs_of_short_contexts():
+    """Splits run in parallel for decode-shaped batches, except from FOLD_PROGRAMS (sequence, KV head) programs up to
+    FOLD_SPLITS splits; never for prefill tiles or one split."""
+    from types import SimpleNamespace
+
+    s, n = triton_ops.SPLIT, triton_ops.FOLD_PROGRAMS // 8
+
+    def parallel(seqs, ctx, query=1, tokens_per_tile=4):
+        meta = SimpleNamespace(max_query_len=query, max_context_len=ctx, num_seqs=seqs)
+        return triton_ops.default_parallel_splits(meta, tokens_per_tile, 8)
+
+    assert [parallel(1, 2 * s), parallel(n - 1, 2 * s), parallel(n, 2 * s), parallel(n, 2 * s + 1)] == \
+        [True, True, False, True]
+    assert not parallel(1, s) and not parallel(1, 2 * s, query=5)
+
+
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 2e-6), (torch.bfloat16, 6e-3), (torch.float16, 1e-3)])
 def test_triton_close_to_float64(dtype, bound):
     world = make_world([1, 70, 280], 4, 2, 64, 16, dtype=dtype, seed=5, device=DEVICE)
