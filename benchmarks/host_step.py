@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from samebits.diagnostics.bench.report import args_json, write_json
+from samebits.diagnostics.bench.report import save_runs
 from samebits.engine.sampler import SamplerOutput
 
 # Phases in step order; "detokenize" is part of "process", "other" is the step's time outside every phase, "gc" the
@@ -333,11 +333,7 @@ def main(argv=None) -> int:
     with progress_bar() as bar:
         task = bar.add_task("host step", total=len(configs) * args.repeat)
         runs = [measure(args, b, i, tokenizer, stream, lambda: bar.advance(task)) for b, i in configs]
-    path = args.out / "host_step.json"
-    write_json({"args": args_json(args), "runs": runs}, path)
-    print_table(runs)
-    print(f"wrote {path}")
-    return 0
+    return save_runs(args, runs, args.out / "host_step.json", print_table)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from samebits.diagnostics.bench.report import args_json, write_json
+from samebits.diagnostics.bench.report import save_runs
 from samebits.engine.outputs import CompletionOutput, EngineInfo, EngineStats, RequestOutput, StepProgress
 from samebits.engine.sampling_params import RequestOutputKind
 from samebits.engine.seeds import SeedStream
@@ -416,12 +416,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     backends = ("thread", "process") if args.backend == "both" else (args.backend,)
-    reports = [measure(args, b) for b in backends]
-    path = args.out / "server_cpu.json"
-    write_json({"args": args_json(args), "runs": reports}, path)
-    print_table(reports)
-    print(f"wrote {path}")
-    return 0
+    return save_runs(args, [measure(args, b) for b in backends], args.out / "server_cpu.json", print_table)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
 """The probe report: one JSON document (stable schema) and the rich table drawn from it."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.markup import escape
 from rich.table import Table
 
+from samebits.diagnostics import jsonfile
 from samebits.diagnostics.probes import ProbeResult
 
 SCHEMA_VERSION = 1
@@ -20,7 +20,7 @@ def build_report(device: str, fingerprint: dict, results: list[ProbeResult], ful
 
 
 def write_json(report: dict, path: Path) -> None:
-    Path(path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    jsonfile.write_json(report, path, sort_keys=True)  # the probe schema's files keep their keys sorted
 
 
 # Short dtype names, so a row fits 80 columns (the JSON keeps torch's names).

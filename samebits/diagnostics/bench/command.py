@@ -22,8 +22,9 @@ def _checked(values: dict, json_path: Path | None) -> tuple[BenchConfig, str]:
 
 
 def bench_command(values: dict, json_path: Path | None, fail: Callable[[str], None]) -> dict:
-    from samebits.diagnostics.bench.report import lines, mode_table, steps_table, write_json
+    from samebits.diagnostics.bench.report import lines, mode_table, steps_table
     from samebits.diagnostics.bench.run import bench_workload, load, run_bench
+    from samebits.diagnostics.jsonfile import write_json
     from samebits.progress import progress_bar
     from samebits.runtime import runtime_for
 

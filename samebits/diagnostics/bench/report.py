@@ -2,10 +2,11 @@
 fitting 80 columns (tests/cli/test_tables.py). `--json` keeps every number whole."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.table import Table
+
+from samebits.diagnostics.jsonfile import write_json
 
 MODE_COLUMNS = ("mode", "tok/s", "TTFT s", "ITL ms", "in step", "roofline", "alone≠loaded")
 STEP_COLUMNS = ("mode", "kind", "steps", "seconds", "mean ms", "tokens", "rows")
@@ -56,10 +57,14 @@ def lines(report: dict) -> list[str]:
     return out
 
 
-def write_json(report: dict, path: Path) -> None:
-    Path(path).write_text(json.dumps(report, indent=2) + "\n")
-
-
 def args_json(args) -> dict:
     """A benchmark's argparse values as its report records them: paths as strings, the rest as they are."""
     return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+
+
+def save_runs(args, runs: list[dict], path: Path, print_table) -> int:
+    """A benchmark's end: its arguments and runs to `path` as JSON, its table printed; the exit status."""
+    write_json({"args": args_json(args), "runs": runs}, path)
+    print_table(runs)
+    print(f"wrote {path}")
+    return 0

@@ -49,10 +49,6 @@ def build(cfg: CheckConfig, model: str, endpoint: dict, outcomes: list[Outcome],
     }
 
 
-def write_json(report: dict, path: Path) -> None:
-    Path(path).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-
-
 def load(path: Path) -> dict:
     """An earlier report for --compare; ValueError with the one-line reason when it is not one."""
     try:

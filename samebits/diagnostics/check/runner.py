@@ -19,6 +19,7 @@ from samebits.diagnostics.check.config import CheckConfig
 from samebits.diagnostics.check.experiment import Outcome, Session, Trace, outcome
 from samebits.diagnostics.check.html import write_html
 from samebits.diagnostics.check.preflight import models, pick_model, probe
+from samebits.diagnostics.jsonfile import write_json
 from samebits.progress import progress_bar
 
 MODULES = {m.NAME: m for m in (needle, sampled, prefix, prefill)}
@@ -133,7 +134,7 @@ def run(url: str, *, json_path: str | Path | None = None, html_path: str | Path 
     # The table fits 80 columns; in CI logs (no terminal) a wider console keeps its title and notes on one line each.
     Console(width=None if sys.stdout.isatty() else TABLE_WIDTH).print(report.table(result))
     if json_path:
-        report.write_json(result, json_path)
+        write_json(result, json_path)
     if html_path:
         write_html(result, html_path)
     return result["exit_code"]
