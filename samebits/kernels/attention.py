@@ -16,6 +16,8 @@ Why the bits of a query row cannot depend on the batch:
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -48,6 +50,18 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return self.context_lens.shape[0]
+
+    @functools.cached_property
+    def decodes_and_rest(self) -> tuple[AttentionMetadata, AttentionMetadata]:
+        """The leading decodes and the other sequences as metadata of their own: sequence slices (views), computed
+        once per step for every layer. Token offsets stay absolute, so the decodes' tokens are the batch's first
+        leading_decodes and the rest's are where they were."""
+        n = self.leading_decodes
+        head = dataclasses.replace(self, cu_seqlens_q=self.cu_seqlens_q[:n + 1], context_lens=self.context_lens[:n],
+                                   block_tables=self.block_tables[:n], max_query_len=1)
+        rest = dataclasses.replace(self, cu_seqlens_q=self.cu_seqlens_q[n:], context_lens=self.context_lens[n:],
+                                   block_tables=self.block_tables[n:], leading_decodes=0)
+        return head, rest
 
     @classmethod
     def build(cls, query_lens, context_lens, block_tables, block_size: int, device=None) -> AttentionMetadata:

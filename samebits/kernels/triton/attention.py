@@ -11,8 +11,6 @@ No atomics: each output element is written by exactly one program.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
@@ -295,14 +293,7 @@ def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bo
     n_dec = meta.leading_decodes if split_decodes else 0
     g = q.shape[1] // k_cache.shape[2]
     if 0 < n_dec < meta.num_seqs and tile_rows(meta.max_query_len, g) != tile_rows(1, g):
-        # Sequence slices of the metadata: the kernel reads token offsets from cu_seqlens_q, so the rest's stay
-        # absolute, and the decodes' tokens are the batch's first n_dec.
-        head = dataclasses.replace(meta, cu_seqlens_q=meta.cu_seqlens_q[:n_dec + 1],
-                                   context_lens=meta.context_lens[:n_dec], block_tables=meta.block_tables[:n_dec],
-                                   max_query_len=1, leading_decodes=n_dec)
-        rest = dataclasses.replace(meta, cu_seqlens_q=meta.cu_seqlens_q[n_dec:],
-                                   context_lens=meta.context_lens[n_dec:], block_tables=meta.block_tables[n_dec:],
-                                   leading_decodes=0)
+        head, rest = meta.decodes_and_rest  # the kernel reads token offsets from cu_seqlens_q
         _launch(q[:n_dec], k_cache, v_cache, head, scale, out[:n_dec], parallel_splits, None, ahead)
         _launch(q, k_cache, v_cache, rest, scale, out, parallel_splits, rows, ahead)
     else:
