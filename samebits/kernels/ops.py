@@ -18,7 +18,7 @@ BACKENDS = {
     ("deterministic", "cpu"): "samebits.kernels.cpu.backend",  # the proven MKL route, tree-ordered reductions
     ("deterministic", "cuda"): "samebits.kernels.triton.backend",  # Triton kernels, the proven cuBLASLt linears
     ("fast", "cpu"): "samebits.kernels.vendor",  # torch ops
-    ("fast", "cuda"): "samebits.kernels.triton.fast",  # torch ops, the Triton attention block
+    ("fast", "cuda"): "samebits.kernels.triton.fast",  # vendor GEMMs, Triton attention, norms, activation
 }
 OPS = ("linear", "linear_partials", "matmul", "bmm", "rms_norm", "add_rms_norm", "softmax", "log_softmax", "silu_and_mul",
        "det_sum_rows", "rope", "write_kv", "attention", "philox_uniforms",

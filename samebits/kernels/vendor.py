@@ -1,5 +1,5 @@
 """The fast backend: the vendor's torch ops, whose blocking follows the shapes (not batch-invariant), on the CPU; the
-CUDA row (triton/fast.py) takes these and the Triton attention block."""
+CUDA row (triton/fast.py) takes its GEMMs, softmax and reductions, and Triton's attention, norms and activation."""
 from __future__ import annotations
 
 import torch
