@@ -44,7 +44,7 @@ DECODE_VARIANTS = [("before", "before", None, None, 4), ("after", "after", None,
                    ("split256 parallel", "after", None, None, 4, {"SPLIT": 256, "_PARALLEL": True}),
                    ("split256 folded", "after", None, None, 4, {"SPLIT": 256, "_PARALLEL": False})]
 PREFILL_VARIANTS = [("before r64", "before", 64, None, 4), ("after r64", "after", 64, None, 4),
-                    ("split256 r64", "after", 64, None, 4, {"SPLIT": 256})]
+                    ("after r64 w8", "after", 64, None, 8), ("split256 r64", "after", 64, None, 4, {"SPLIT": 256})]
 # Mixed batches: `batch` decodes at `ctx`, then one `ctx`-token prompt; eager, as an engine runs them.
 MIXED = [(64, 512), (192, 512), (192, 2048)]
 MIXED_VARIANTS = [("before", "before", {}), ("after", "after", {}), ("after one launch", "after", {"split_decodes": False})]
@@ -52,7 +52,10 @@ MIXED_VARIANTS = [("before", "before", {}), ("after", "after", {}), ("after one 
 # Below 4 warps Triton takes mma.sync, not wgmma (PTX), which changes bits, and 2 warps decoded 8-21 % faster at
 # batch >= 32 (docs/results/attention_stages.h200.json); at 2 warps prefill ran 1.5-2x slower than at 4
 # (docs/results/attention_variants.h200.json). Within each family prefill must equal decode: (warps, [(rows, stages)]).
-FAMILIES = [(4, [(64, 2)], {}), (4, [(64, 2)], {"SPLIT": 256})]  # (warps, [(rows, stages)], module switches)
+# "_PREFILL_WARPS": the prefill tiles at that warp count, the decode at the family's (8 warps spill nothing in a
+# rows-on-M prefill tile, ptxas for sm_90a; docs/BENCHMARKS.md section 3).
+FAMILIES = [(4, [(64, 2)], {}), (4, [(64, 2)], {"_PREFILL_WARPS": 8}),
+            (4, [(64, 2)], {"SPLIT": 256})]  # (warps, [(rows, stages)], module switches)
 
 
 def _load(path):
@@ -145,26 +148,31 @@ def _family(rows_out, length, warps, prefill_tiles, switches):
     qs, ks, vs = q.view(1, -1, HQ, D).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     sdpa = _bench(lambda: F.scaled_dot_product_attention(qs, ks, vs, scale=scale, is_causal=True, enable_gqa=True))
     one = AttentionMetadata.build([1], [length], meta.block_tables.tolist(), k_cache.shape[1], q.device)
+    switches = dict(switches)
+    prefill_warps = switches.pop("_PREFILL_WARPS", warps)
     committed = _stages(at), at.NUM_WARPS, {key: getattr(at, key) for key in switches}
     try:
         at.NUM_WARPS = warps
         for key, value in switches.items():
             setattr(at, key, value)
         decoded = at.paged_attention(q[-1:], k_cache, v_cache, one, scale)
+        at.NUM_WARPS = prefill_warps
         first = None
         for rows, stages in prefill_tiles:
             at.NUM_STAGES = stages
             call = functools.partial(at.paged_attention, q, k_cache, v_cache, meta, scale, rows=rows)
             out = call()
             first = out if first is None else first
-            row = {"kind": "family", "warps": warps, "switches": switches, "context": length, "rows": rows,
+            row = {"kind": "family", "warps": warps, "prefill_warps": prefill_warps, "switches": switches,
+                   "context": length, "rows": rows,
                    "stages": stages,
                    "ms": _bench(call), "sdpa_ms": sdpa,
                    "same_as_first_tile": bool(torch.equal(out.view(torch.int16), first.view(torch.int16))),
                    "last_row_equals_decode": bool(torch.equal(out[-1:].view(torch.int16), decoded.view(torch.int16)))}
             row["ratio"] = sdpa / row["ms"]
             rows_out.append(row)
-            print(f"family w{warps} {switches} prefill c{length} r{rows} s{stages}: {row['ms'] * 1e3:8.1f} us  "
+            print(f"family w{warps}/{prefill_warps} {switches} prefill c{length} r{rows} s{stages}: "
+                  f"{row['ms'] * 1e3:8.1f} us  "
                   f"x{row['ratio']:.2f}  tiles agree={row['same_as_first_tile']}  "
                   f"prefill==decode={row['last_row_equals_decode']}", flush=True)
     finally:
