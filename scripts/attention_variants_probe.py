@@ -44,7 +44,8 @@ DECODE_VARIANTS = [("before", "before", None, None, 4), ("after", "after", None,
                    ("split256 parallel", "after", None, None, 4, {"SPLIT": 256, "_PARALLEL": True}),
                    ("split256 folded", "after", None, None, 4, {"SPLIT": 256, "_PARALLEL": False})]
 PREFILL_VARIANTS = [("before r64", "before", 64, None, 4), ("after r64", "after", 64, None, 4),
-                    ("after r64 w8", "after", 64, None, 8), ("split256 r64", "after", 64, None, 4, {"SPLIT": 256})]
+                    ("after r64 w8", "after", 64, None, 8), ("after r128 w8", "after", 128, None, 8),
+                    ("split256 r64", "after", 64, None, 4, {"SPLIT": 256})]
 # Mixed batches: `batch` decodes at `ctx`, then one `ctx`-token prompt; eager, as an engine runs them.
 MIXED = [(64, 512), (192, 512), (192, 2048)]
 MIXED_VARIANTS = [("before", "before", {}), ("after", "after", {}), ("after one launch", "after", {"split_decodes": False})]
