@@ -55,7 +55,7 @@ MIXED_VARIANTS = [("before", "before", {}), ("after", "after", {}), ("after one 
 # (docs/results/attention_variants.h200.json). Within each family prefill must equal decode: (warps, [(rows, stages)]).
 # "_PREFILL_WARPS": the prefill tiles at that warp count, the decode at the family's (8 warps spill nothing in a
 # rows-on-M prefill tile, ptxas for sm_90a; docs/BENCHMARKS.md section 3).
-FAMILIES = [(4, [(64, 2)], {}), (4, [(64, 2)], {"_PREFILL_WARPS": 8}),
+FAMILIES = [(4, [(64, 2)], {}), (4, [(64, 2), (128, 2)], {"_PREFILL_WARPS": 8}),
             (4, [(64, 2)], {"SPLIT": 256})]  # (warps, [(rows, stages)], module switches)
 
 
