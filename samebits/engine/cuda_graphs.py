@@ -49,12 +49,22 @@ class DecodeGraphs:
         self.failed_captures: collections.Counter[tuple[int, int]] = collections.Counter()
         self.pool = None
 
-    def accepts(self, output) -> bool:
+    def graph_key(self, output) -> tuple[int, int] | None:
+        """The (batch bucket, grid length) of the graph this step replays, or None when it runs eagerly; one pass over
+        the step's sequences, taken once per step (forward is given it)."""
         s = output.scheduled
         # A step the policy padded runs eagerly, as its fixed shape was chosen for the eager kernels.
-        return (bool(s) and not output.padding and len(s) <= self.buckets[-1]
-                and all(x.num_new_tokens == 1 and x.start + 1 <= self.max_model_len for x in s)
-                and self.failed_captures[self.key(s)] < CAPTURE_ATTEMPTS)
+        if not s or output.padding or len(s) > self.buckets[-1]:
+            return None
+        longest = 0
+        for x in s:
+            if x.num_new_tokens != 1:
+                return None
+            longest = max(longest, x.start + 1)
+        if longest > self.max_model_len:
+            return None
+        key = self.bucket(len(s)), self.grid_len(longest)
+        return key if self.failed_captures[key] < CAPTURE_ATTEMPTS else None
 
     def bucket(self, n: int) -> int:
         return bucket_for(n, self.buckets)
@@ -65,9 +75,6 @@ class DecodeGraphs:
         while n < longest:
             n *= 2
         return min(n, self.max_model_len)
-
-    def key(self, scheduled) -> tuple[int, int]:
-        return self.bucket(len(scheduled)), self.grid_len(max(x.start + 1 for x in scheduled))
 
     def meta(self, bs: int, grid_len: int | None = None) -> AttentionMetadata:
         return AttentionMetadata(self.cu[:bs + 1], self.ctx[:bs], self.tables[:bs], self.slots[:bs],
@@ -114,9 +121,9 @@ class DecodeGraphs:
         self.pool = graph.pool()
         self.graphs[key] = (graph, out)
 
-    def forward(self, scheduled, fill_pending=None) -> torch.Tensor:
-        """Hidden states [n, H] of a decode-only step; `fill_pending(ids)` writes the ids still on the device."""
-        key = self.key(scheduled)
+    def forward(self, scheduled, key: tuple[int, int], fill_pending=None) -> torch.Tensor:
+        """Hidden states [n, H] of a decode-only step whose graph_key is `key`; `fill_pending(ids)` writes the ids
+        still on the device."""
         if key not in self.graphs:
             try:
                 self.capture(key)

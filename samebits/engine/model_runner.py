@@ -191,8 +191,9 @@ class ModelRunner:
         ends = list(itertools.accumulate(s.num_new_tokens for s in scheduled))
         fill = self._pending_filler(scheduled, ends, previous)
         hidden = None
-        if self.graphs is not None and self.graphs.accepts(output):
-            hidden = self._graph_forward(output, fill)
+        key = self.graphs.graph_key(output) if self.graphs is not None else None
+        if key is not None:
+            hidden = self._graph_forward(output.scheduled, key, fill)
         if hidden is None:
             hidden = self.forward(scheduled, output.padding, fill)
         prompt = self._prompt_scores(hidden, PromptRowsPlan.of(scheduled, ends))
@@ -233,9 +234,9 @@ class ModelRunner:
 
         return fill
 
-    def _graph_forward(self, output, fill):
+    def _graph_forward(self, scheduled, key, fill):
         try:
-            return self.graphs.forward(output.scheduled, fill)
+            return self.graphs.forward(scheduled, key, fill)
         except RuntimeError as e:  # a capture failure costs speed, never bits: eager computes the same rows
             warnings.warn(f"CUDA graph capture failed ({e}); this step runs eagerly and the capture is retried "
                           "(cuda_graphs.CAPTURE_ATTEMPTS)", stacklevel=2)

@@ -34,7 +34,7 @@ def test_static_padded_buffers_give_the_eager_bits(tmp_path):
     engine, out = decode_step(llm, prompts)
     runner = engine.runner
     graphs = DecodeGraphs(runner.model, runner.kv_caches, runner.block_size, runner.scratch_block, 512, 8)
-    assert graphs.accepts(out) and graphs.bucket(len(out.scheduled)) == 8
+    assert graphs.graph_key(out) == (8, 512)  # the grid: max_model_len 512, under one split
     eager = runner.forward(out.scheduled)
     graphs.fill(out.scheduled, 8)
     padded = graphs.model.forward(graphs.ids[:8], graphs.positions[:8], graphs.kv_caches, graphs.meta(8))
@@ -51,7 +51,7 @@ def test_prefill_steps_are_not_taken_by_graphs(tmp_path):
     llm.engine.add_request("p", [3] * 20, SamplingParams(max_tokens=2))
     out = llm.engine.scheduler.schedule()
     graphs = DecodeGraphs(llm.engine.runner.model, llm.engine.runner.kv_caches, 16, 0, 512, 8)
-    assert not graphs.accepts(out)
+    assert graphs.graph_key(out) is None
 
 
 def test_padded_decode_steps_run_eagerly(tmp_path):
@@ -62,9 +62,9 @@ def test_padded_decode_steps_run_eagerly(tmp_path):
     engine, out = decode_step(llm, [[5 + i] * (10 + 7 * i) for i in range(3)])
     graphs = DecodeGraphs(engine.runner.model, engine.runner.kv_caches, 16, 0, 512, 8)
     assert out.kind == "decode" and len(out.scheduled) + len(out.padding) == 8 and out.padding
-    assert not graphs.accepts(out)
+    assert graphs.graph_key(out) is None
     out.padding = ()
-    assert graphs.accepts(out)
+    assert graphs.graph_key(out) is not None
 
 
 @pytest.mark.gpu
@@ -122,7 +122,7 @@ def test_a_graph_grid_covers_the_longest_context_in_doubling_splits(tmp_path):
     assert [g.grid_len(n) for n in (1, S, S + 1, 3 * S, 4 * S + 1, 8 * S)] == [S, S, 2 * S, 4 * S, 8 * S, 8 * S]
     assert graphs(3 * S).grid_len(2 * S + 5) == 3 * S and graphs(S // 2).grid_len(10) == S // 2
     steps = [[_decode_item([0], p) for p in (5, S - 1 + d)] for d in range(3)]  # the longest context S-1+d+1
-    assert [g.key(s) for s in steps] == [(2, S), (2, 2 * S), (2, 2 * S)]
+    assert [g.graph_key(SimpleNamespace(scheduled=s, padding=())) for s in steps] == [(2, S), (2, 2 * S), (2, 2 * S)]
 
 
 def float32_bits(values: list[float]) -> list[int]:
@@ -134,7 +134,7 @@ def test_float32_bits_tell_signed_zeros_apart():
 
 
 def _decode_item(table: list[int], position: int):
-    return SimpleNamespace(seq=SimpleNamespace(block_table=table), start=position, token_ids=[7])
+    return SimpleNamespace(seq=SimpleNamespace(block_table=table), start=position, token_ids=[7], num_new_tokens=1)
 
 
 def test_partial_width_fill_leaves_the_full_width_tables(seed):
@@ -172,8 +172,9 @@ def test_a_voided_capture_is_retried_then_that_size_stays_eager(tmp_path, monkey
 
     monkeypatch.setattr(graphs, "capture", voided)
     for attempt in range(CAPTURE_ATTEMPTS):
-        assert graphs.accepts(out), f"attempt {attempt}: the size is still tried"
+        key = graphs.graph_key(out)
+        assert key is not None, f"attempt {attempt}: the size is still tried"
         with pytest.warns(UserWarning, match="retried"):
-            assert runner._graph_forward(out, None) is None
+            assert runner._graph_forward(out.scheduled, key, None) is None
         assert runner.graphs is graphs, "one failure keeps the graphs"
-    assert graphs.failed_captures[graphs.key(out.scheduled)] == CAPTURE_ATTEMPTS and not graphs.accepts(out)
+    assert graphs.failed_captures[key] == CAPTURE_ATTEMPTS and graphs.graph_key(out) is None

@@ -28,7 +28,6 @@ def test_rope_kernel_close_to_reference_and_batch_invariant(seed):
     assert_same_bits(k_part, k_out[5:6], "rope k row alone vs batched")
 
 
-
 def test_one_launch_rotates_strided_q_and_k_with_the_torch_ops_bits(seed):
     """q and k as the model passes them (strided views of one qkv row), rotated in one launch: in float32, where
     neither side rounds at the end, every bit of the torch op's (same products and sums, no fma either side)."""
