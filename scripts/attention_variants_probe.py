@@ -1,7 +1,7 @@
 """H200 probe: paged attention variants side by side with the kernel before a change and SDPA, bit for bit.
 
     git show main:samebits/kernels/triton/attention.py > scripts/_attention_before.py   # untracked: it travels
-    python scripts/attention_variants_probe.py OUT_DIR scripts/_attention_before.py
+    python scripts/attention_variants_probe.py OUT_DIR scripts/_attention_before.py [--only prefill,family]
 
 The before file is another copy of samebits/kernels/triton/attention.py (main's, when the tree holds a change to
 it). Every variant's output must equal the before-kernel's bits; each is timed (decode in a CUDA graph) beside SDPA
@@ -12,6 +12,7 @@ docs/BENCHMARKS.md §3 and docs/results/attention_variants.h200.json.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import importlib.util
@@ -183,21 +184,30 @@ def _family(rows_out, length, warps, prefill_tiles, switches):
             setattr(at, key, value)
 
 
+PARTS = ("decode", "mixed", "prefill", "family")
+
+
 def main() -> None:
-    out_dir, before = sys.argv[1], sys.argv[2]
-    os.makedirs(out_dir, exist_ok=True)
-    mods = {"before": _load(before), "after": at}
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_dir")
+    ap.add_argument("before", help="another copy of samebits/kernels/triton/attention.py")
+    ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {PARTS}")
+    args = ap.parse_args()
+    parts = set(args.only.split(","))
+    assert parts <= set(PARTS), f"--only: unknown parts {sorted(parts - set(PARTS))}, expected some of {PARTS}"
+    os.makedirs(args.out_dir, exist_ok=True)
+    mods = {"before": _load(args.before), "after": at}
     rows: list[dict] = []
-    for batch, ctx in DECODE:
+    for batch, ctx in DECODE if "decode" in parts else ():
         _run(mods, rows, "decode", batch, ctx, DECODE_VARIANTS)
-    for batch, ctx in MIXED:
+    for batch, ctx in MIXED if "mixed" in parts else ():
         _mixed(mods, rows, batch, ctx)
-    for length in PREFILL:
+    for length in PREFILL if "prefill" in parts else ():
         _run(mods, rows, "prefill", 1, length, PREFILL_VARIANTS)
-    for warps, tiles, switches in FAMILIES:
+    for warps, tiles, switches in FAMILIES if "family" in parts else ():
         for length in (1024, 4096):
             _family(rows, length, warps, tiles, switches)
-    with open(os.path.join(out_dir, "attention_variants.json"), "w") as f:
+    with open(os.path.join(args.out_dir, "attention_variants.json"), "w") as f:
         json.dump({"rows": rows}, f, indent=1)
 
 

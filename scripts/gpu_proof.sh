@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU proof in one call (device machine: image python, PYTHONPATH=., no install except carried wheels).
-# Usage: bash scripts/gpu_proof.sh [tests|probe|kernels|attention|variants|mma-roles|e2e|server|server-process|steps|mixed|rl|tp1 ...];
+# Usage: bash scripts/gpu_proof.sh [tests|probe|kernels|attention|variants|variants-prefill|mma-roles|e2e|server|server-process|steps|mixed|rl|tp1 ...];
 # results under $OUT. With no step named it runs tests probe kernels attention e2e (~25 min): name the steps.
 # variants needs scripts/_attention_before.py (untracked, it travels): git show main:samebits/kernels/triton/attention.py
 set -uo pipefail
@@ -46,6 +46,7 @@ for step in $steps; do
     kernels) python3 benchmarks/kernels.py --out "$OUT" ;;
     attention) python3 benchmarks/attention.py --out "$OUT" ;;
     variants) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py ;;
+    variants-prefill) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py --only prefill,family ;;
     mma-roles) python3 scripts/mma_roles_probe.py "$OUT" ;;
     e2e) python3 benchmarks/e2e.py --out "$OUT" --warm ;;
     e2e-quick) python3 benchmarks/e2e.py --out "$OUT" --quick --requests 64 --skip-hf ;;
