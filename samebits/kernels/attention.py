@@ -9,8 +9,9 @@ Why the bits of a query row cannot depend on the batch:
 - tiles are grouped into fixed splits of `attention.split_kv` tokens; each split starts a fresh online softmax and is
   folded into the running result in split order 0..n-1 with one formula, whether splits ran sequentially in one program
   (prefill) or in parallel and were merged afterwards (decode);
-- query tiles hold rows of (token, GQA head) on the MMA's N side (`attention.query_tile`, transposed tiles), where a
-  row's bits do not depend on how many rows share the tile, so decode's small tile and prefill's large one agree;
+- query tiles hold rows of (token, GQA head), on the MMA's N side in decode's small tile and on its M side in
+  prefill's large one (`attention.query_tile`); on the H200 a row's products and MMA sums have the same bits on
+  either side and at every tile width, and the softmax's row sum is taken through the MMA in both, so they agree;
 - a tile or split that holds none of a row's keys leaves that row's state untouched (explicit select), so rows that share
   a tile with later positions run exactly the arithmetic they would alone.
 """

@@ -105,24 +105,25 @@ TILE_CONFIGS["det_sum"] = {
 
 
 TILE_CONFIGS["attention.query_tile"] = {
-    "config": {"layout": "transposed: S^T = K Q^T, O^T = V^T P^T", "rows": 64, "decode_rows": 16, "num_warps": 4,
-               "num_stages": 2, "decode_stages": 3, "fp_fusion": False},
-    "why": "rows = (token, GQA head) pairs. With the query rows on the MMA's M side a row's head_dim-128 reductions "
-    "changed with the tile (16 vs 64 rows, docs/BACKGROUND.md attn_tile), so one 64-row tile served decode too and "
-    "used 4 of its 64 rows at GQA 4. Transposed, the keys (64) and the head dim are M and the rows are N: on the H200 "
-    "every row had the same bits at 16, 32, 64 and 128 rows, 4 and 8 warps, 2 and 3 stages, chunked, and decoded at "
-    "51 positions, split-parallel or folded (scripts/attention_rows_probe.py). So a decode tile takes 16 rows, "
-    "prefill 64. Stages 2 beat 3 for the plain loop (decode b256 ctx 512: 0.152 vs 0.194 ms), 4 warps beat 8. "
-    "num_warps is bit-changing below 4: at 2 warps rows differ (decode b8-b256, prefill), while stages 2-5 and 4 or 8 "
-    "warps give every bit of the committed launch; stages 2 was the fastest at 9 of 11 shapes, 5 stages "
-    "won at b8 and b32 x 2048 (8-20 %; scripts/attention_stages_probe.py, docs/results/attention_stages.h200.json). "
-    "Decode tiles load each tile's block ids a tile ahead and run 3 stages: against the loop before (2 stages) "
-    "1.08-1.35x at batch <= 64, 0.97-0.99x at batch 256; prefill keeps the plain loop (ahead it was 4-16 % slower) "
-    "and 2 stages; 128- and 256-row prefill tiles were 2-6x slower (docs/results/attention_variants.h200.json). "
-    "Decode vs the untransposed kernel on the H200: 1.22-1.33x at batch 256, 1.1-1.25x at 64, ~1x at batch <= 8; "
-    "prefill 1.5x slower (1024 tokens: 0.101 vs 0.066 ms), a price paid because prefill and decode must share the "
-    "kernel's bits. fp_fusion is pinned for all attention, RoPE and KV-write kernels (the fold spells its fma out) so "
-    "Triton's changing default never moves bits.",
+    "config": {"layout": "rows on N below rows_on_m_from (S^T = K Q^T, O^T = V^T P^T), on M from it (S = Q K^T, "
+                         "O = P V)", "row_sum": "ones-block MMA accumulated like O", "rows": 64, "decode_rows": 16,
+               "rows_on_m_from": 64, "num_warps": 4, "num_stages": 2, "decode_stages": 3, "fp_fusion": False},
+    "why": "rows = (token, GQA head) pairs. Decode tiles (16 rows, 4 GQA rows used, not 4 of 64) put the rows on the "
+    "MMA's N side, S^T = K Q^T and O^T = V^T P^T; prefill tiles (64 rows) on its M side, FlashAttention's layout, "
+    "where the softmax max stays in a warp and P is the A operand in registers instead of staged through shared "
+    "memory. On the H200 every element of S, of acc + P V and of a ones-MMA row sum has the same bits whichever side "
+    "its row is on, at 16-128 rows and 4 or 8 warps (scripts/mma_roles_probe.py, docs/results/mma_roles.h200.json; "
+    "earlier, rows on N alone at 16-128 rows: scripts/attention_rows_probe.py). The row sum l is the one reduction "
+    "whose order would follow the layout (tl.sum), so both layouts take it through the MMA, P times a ones block "
+    "accumulated like O. That changed every bit of the kernel before (l was tl.sum of the fp32 P) and made prefill "
+    "1.5-1.6x faster (8192 tokens 3.37 -> 2.17 ms, 1024 tokens 99.5 -> 65.1 us), decode equal or faster (batch 1 x "
+    "512: 14.4 -> 12.5 us; docs/results/attention_variants.h200.rows_on_m.json). Prefill at 64 rows, 4 warps, 2 "
+    "stages beat 64 rows at 8 warps (1.6-2x slower), 128 rows at 8 warps and 3 stages (4-10 % slower); all of them "
+    "gave the same bits and equalled decode. num_warps is bit-changing below 4: at 2 warps (mma.sync) rows differ, "
+    "while stages 2-5 and 4 or 8 warps give every bit (scripts/attention_stages_probe.py). Decode tiles load each "
+    "tile's block ids a tile ahead and run 3 stages (1.08-1.35x at batch <= 64 against 2 stages); prefill keeps the "
+    "plain loop (ahead it was 4-16 % slower). fp_fusion is pinned for all attention, RoPE and KV-write kernels (the "
+    "fold spells its fma out) so Triton's changing default never moves bits.",
 }
 
 TILE_CONFIGS["attention.kv_tile"] = {

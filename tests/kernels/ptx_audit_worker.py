@@ -96,13 +96,14 @@ def _paged_attention_specs(dtype, d, query_tile, block_n, split):
     specs = []
     for partial, rows in ((False, query_tile["rows"]), (True, query_tile["decode_rows"])):
         ptr = "*" + dtype
-        sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32",
+        sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32", "RUN": "*fp32",
                "cu_seqlens_q": "*i32", "context_lens": "*i32", "block_tables": "*i32", "qk_scale": "fp32",
                "n_split_grid": "i32", "num_q_heads": "i32"}
         sig.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks",
                                        "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_bt")})
         const = {"G": 4, "BQ": rows, "BLOCK_N": block_n, "D": d, "BS": 16, "SPLIT": split,
-                 "PARTIAL": partial, "UPCAST": False, "IEEE": dtype == "fp32", "AHEAD": partial}
+                 "PARTIAL": partial, "UPCAST": False, "IEEE": dtype == "fp32", "AHEAD": partial,
+                 "ON_M": rows >= query_tile["rows_on_m_from"], "RUN_IN_MEMORY": not partial}
         sig.update({n: "constexpr" for n in const})
         stages = query_tile["decode_stages"] if partial else query_tile["num_stages"]  # as the launcher picks
         options = {"num_warps": query_tile["num_warps"], "num_stages": stages}

@@ -1,9 +1,12 @@
 """Triton paged attention and its split merge (the why of the tiles: samebits/kernels/attention.py).
 
-Tiles are transposed: S^T = K Q^T and O^T = V^T P^T, so the MMA's M side is always the 64-key tile or the head dim and
-the query rows are its N side. A row's bits are then the same at every query-tile width (measured on the H200 at 16, 32,
-64 and 128 rows, scripts/attention_rows_probe.py), so decode runs 16-row tiles (4 GQA heads of one token use 4 of 16
-rows, not 4 of 64) and prefill 64-row ones, with prefill and decode still bit-equal.
+Two tile layouts, one set of bits. Decode tiles put the query rows on the MMA's N side (S^T = K Q^T, O^T = V^T P^T),
+so 4 GQA rows use 4 of a 16-row tile, not 4 of 64; prefill tiles put them on M, FlashAttention's layout (S = Q K^T,
+O = P V with P the MMA's A operand in registers), where the softmax max stays inside a warp and P never goes through
+shared memory. On the H200 every element of S, of acc + P V and of a ones-MMA row sum has the same bits whichever side
+its row is on, at 16-128 rows, 4 and 8 warps (docs/results/mma_roles.h200.json); the max is exact and exp2
+elementwise. The row sum l is the one reduction whose order would follow the layout (tl.sum), so both layouts take it
+through the MMA: P times a ones block, accumulated like the output.
 
 Imported lazily (only on CUDA or under TRITON_INTERPRET=1) so that importing samebits never needs triton. The launcher
 checks shapes, dtypes and strides; the torch reference is kernels.attention.paged_attention_reference (float64).
@@ -22,6 +25,7 @@ from samebits.kernels.configs import TILE_CONFIGS
 _QT = TILE_CONFIGS["attention.query_tile"]["config"]
 ROWS = _QT["rows"]
 DECODE_ROWS = _QT["decode_rows"]
+ROWS_ON_M = _QT["rows_on_m_from"]
 NUM_WARPS = _QT["num_warps"]
 NUM_STAGES = _QT["num_stages"]
 # Pinned: Triton's default for contracting a*b+c into fma changes across versions (3.10 flips it), and it changes bits.
@@ -31,6 +35,10 @@ SPLIT = TILE_CONFIGS["attention.split_kv"]["config"]["tokens"]
 assert SPLIT % BLOCK_N == 0, "a split must hold whole KV tiles"
 HEAD_DIMS = (64, 128)  # the head dims with a fixed tile
 DECODE_STAGES = _QT["decode_stages"]
+# The ones block's other side: wgmma's M (64) where it is the A operand (rows on N); the smallest N that keeps a
+# prefill tile's row-sum accumulator small where it is the B operand (rows on M). Neither changes a bit.
+ONES_M = tl.constexpr(64)
+ONES_N = tl.constexpr(16)
 LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x * scale) == exp2(x * scale * log2(e))
 
 
@@ -46,9 +54,11 @@ def _tile_blocks(bt_row, n0, last, BLOCK_N: tl.constexpr, BS: tl.constexpr, MASK
 
 @triton.jit
 def _tile_loads(K, V, blk32, n0, last, h, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, MASKED: tl.constexpr):
-    # K [BN, D] and V^T [D, BN] of keys n0..n0+BLOCK_N-1 gathered via their block ids blk32 (_tile_blocks); keys past
-    # `last` read as 0 (no memory traffic), and every key of a tile is either read or beyond every row's reach.
+                BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, MASKED: tl.constexpr,
+                ON_M: tl.constexpr):
+    # K [BN, D] and V ([BN, D] for rows on M, V^T [D, BN] for rows on N) of keys n0..n0+BLOCK_N-1 gathered via their
+    # block ids blk32 (_tile_blocks); keys past `last` read as 0 (no memory traffic), and every key of a tile is
+    # either read or beyond every row's reach.
     n = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     blk = blk32.to(tl.int64)
@@ -57,86 +67,135 @@ def _tile_loads(K, V, blk32, n0, last, h, stride_kb, stride_ks, stride_kh, strid
     if MASKED:
         kv_ok = n <= last
         k = tl.load(K + row[:, None] + d[None, :], mask=kv_ok[:, None], other=0.0)
-        vt = tl.load(V + row_v[None, :] + d[:, None], mask=kv_ok[None, :], other=0.0)
+        if ON_M:
+            v = tl.load(V + row_v[:, None] + d[None, :], mask=kv_ok[:, None], other=0.0)
+        else:
+            v = tl.load(V + row_v[None, :] + d[:, None], mask=kv_ok[None, :], other=0.0)
     else:
         k = tl.load(K + row[:, None] + d[None, :])
-        vt = tl.load(V + row_v[None, :] + d[:, None])
-    return k, vt
+        if ON_M:
+            v = tl.load(V + row_v[:, None] + d[None, :])
+        else:
+            v = tl.load(V + row_v[None, :] + d[:, None])
+    return k, v
 
 
 @triton.jit
-def _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
-               IEEE: tl.constexpr, MASKED: tl.constexpr):
-    # qt [D, BQ]; m, l [BQ] fp32 (log2 domain); acc [D, BQ] fp32; k, vt one tile (_tile_loads).
-    # MASKED=False is only used for tiles whose every key every live row sees: there the causal mask and the
-    # live-row selects are identities, so both variants give a row the same bits (the diagonal tiles use MASKED).
+def _mma(a, b, acc, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    # acc + a @ b, the one product form of every tile (fp32 operands: exact fp32 products, never tf32). UPCAST (the
+    # interpreter): numpy's matmul rounds an element by where it sits in the matrix (OpenBLAS's edge kernels: a column
+    # moved from index 0 to 8 gets other bits), which no GPU tile does, so there the products are summed in K order by
+    # tl.sum over the middle axis, each element a function of its own operands. The operands are first copied into
+    # row-major order (a flat round trip): numpy sums a transposed view's products pairwise instead.
+    if UPCAST:
+        a = tl.reshape(tl.reshape(a, [a.shape[0] * a.shape[1]]), [a.shape[0], a.shape[1]])
+        b = tl.reshape(tl.reshape(b, [b.shape[0] * b.shape[1]]), [b.shape[0], b.shape[1]])
+        prod = tl.sum(a[:, :, None] * b[None, :, :], 1)
+        if acc is None:
+            return prod
+        return acc + prod
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+               IEEE: tl.constexpr, MASKED: tl.constexpr, ON_M: tl.constexpr):
+    # Rows on M: q [BQ, D], l2 [BQ, ONES_N], acc [BQ, D], v [BN, D], ones [BN, ONES_N]. Rows on N: q [D, BQ],
+    # l2 [ONES_M, BQ], acc [D, BQ], v [D, BN], ones [ONES_M, BN]. m [BQ] fp32 (log2 domain); every row (N) or
+    # column (M) of l2 is the rows' sums of P. MASKED=False is only used for tiles whose every key every live row
+    # sees: there the causal mask and the live-row selects are identities, so both variants give a row the same bits
+    # (the diagonal tiles use MASKED).
     n = n0 + tl.arange(0, BLOCK_N)
     if UPCAST:
         k = k.to(tl.float32)
-        vt = vt.to(tl.float32)
-    if IEEE:
-        st = tl.dot(k, qt, input_precision="ieee")
+        v = v.to(tl.float32)
+    if ON_M:
+        s = _mma(q, tl.trans(k), None, UPCAST, IEEE) * qk_scale  # [BQ, BN]
+        if MASKED:
+            s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
     else:
-        st = tl.dot(k, qt)
-    st = st * qk_scale  # [BN, BQ], log2 domain: softmax scale * log2(e) folded into one multiply
+        s = _mma(k, q, None, UPCAST, IEEE) * qk_scale  # S^T [BN, BQ]
+        if MASKED:
+            s = tl.where(n[:, None] <= pos[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 0))
     if MASKED:
-        st = tl.where(n[:, None] <= pos[None, :], st, float("-inf"))
         live = pos >= n0  # the tile holds at least one of the row's keys; other rows keep their state bit for bit
-        m_new = tl.maximum(m, tl.max(st, 0))
         m_safe = tl.where(live, m_new, 0.0)
     else:
-        m_new = tl.maximum(m, tl.max(st, 0))
         m_safe = m_new
     alpha = tl.exp2(m - m_safe)
-    pt = tl.exp2(st - m_safe[None, :])  # [BN, BQ]
-    l_new = tl.fma(l, alpha, tl.sum(pt, 0))
-    acc_new = acc * alpha[None, :]
-    if IEEE:
-        acc_new = tl.dot(vt, pt.to(vt.dtype), acc_new, input_precision="ieee")
+    if ON_M:
+        p = tl.exp2(s - m_safe[:, None]).to(v.dtype)
+        l2_new = _mma(p, ones, l2 * alpha[:, None], UPCAST, IEEE)
+        acc_new = _mma(p, v, acc * alpha[:, None], UPCAST, IEEE)
+        if MASKED:
+            l2_new = tl.where(live[:, None], l2_new, l2)
+            acc_new = tl.where(live[:, None], acc_new, acc)
     else:
-        acc_new = tl.dot(vt, pt.to(vt.dtype), acc_new)
+        p = tl.exp2(s - m_safe[None, :]).to(v.dtype)
+        l2_new = _mma(ones, p, l2 * alpha[None, :], UPCAST, IEEE)
+        acc_new = _mma(v, p, acc * alpha[None, :], UPCAST, IEEE)
+        if MASKED:
+            l2_new = tl.where(live[None, :], l2_new, l2)
+            acc_new = tl.where(live[None, :], acc_new, acc)
     if MASKED:
         m_new = tl.where(live, m_new, m)
-        l_new = tl.where(live, l_new, l)
-        acc_new = tl.where(live[None, :], acc_new, acc)
-    return m_new, l_new, acc_new
+    return m_new, l2_new, acc_new
 
 
 @triton.jit
-def _fold(m_r, l_r, acc_r, m_s, l_s, acc_s, live):
+def _row_sums(l2, ON_M: tl.constexpr):
+    # The rows' l from the ones-MMA accumulator: its first column (M) or row (N), picked by adding zeros (exact).
+    if ON_M:
+        l = tl.sum(tl.where(tl.arange(0, l2.shape[1])[None, :] == 0, l2, 0.0), 1)
+    else:
+        l = tl.sum(tl.where(tl.arange(0, l2.shape[0])[:, None] == 0, l2, 0.0), 0)
+    return l
+
+
+@triton.jit
+def _fold(m_r, l_r, acc_r, m_s, l_s, acc_s, live, ON_M: tl.constexpr):
     # The one merge formula, shared by the sequential fold and the merge kernel so both round identically.
-    # m/l [BQ], acc [D, BQ]; rows where live is False keep the running state bit for bit.
+    # m/l [BQ], acc [BQ, D] (ON_M) or [D, BQ]; rows where live is False keep the running state bit for bit.
     m = tl.maximum(m_r, m_s)
     m_safe = tl.where(live, m, 0.0)
     a = tl.exp2(m_r - m_safe)
     b = tl.exp2(m_s - m_safe)
     l = tl.fma(l_r, a, l_s * b)
-    acc = tl.fma(acc_r, a[None, :], acc_s * b[None, :])
-    return tl.where(live, m, m_r), tl.where(live, l, l_r), tl.where(live[None, :], acc, acc_r)
+    if ON_M:
+        acc = tl.where(live[:, None], tl.fma(acc_r, a[:, None], acc_s * b[:, None]), acc_r)
+    else:
+        acc = tl.where(live[None, :], tl.fma(acc_r, a[None, :], acc_s * b[None, :]), acc_r)
+    return tl.where(live, m, m_r), tl.where(live, l, l_r), acc
 
 
 @triton.jit
-def _fold_tiles(qt, m, l, acc, blk, K, V, bt_row, lo, hi, last, pos, h, qk_scale,
+def _fold_tiles(q, m, l2, acc, ones, blk, K, V, bt_row, lo, hi, last, pos, h, qk_scale,
                 stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                 BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-                AHEAD: tl.constexpr, MASKED: tl.constexpr):
+                AHEAD: tl.constexpr, MASKED: tl.constexpr, ON_M: tl.constexpr):
     # Keys lo..hi-1 folded tile by tile in order. AHEAD: blk holds tile lo's block ids and each iteration loads the
     # next tile's (masked: it may pass `last`), returned for the next range; otherwise each tile loads its own and blk
     # passes through. The loads and the arithmetic are the same either way, and so are the bits.
     if AHEAD:
         for n0 in range(lo, hi, BLOCK_N):
             nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS, True)
-            k, vt = _tile_loads(K, V, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
-                                stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, True)
-            m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, MASKED)
+            k, v = _tile_loads(K, V, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
+                               stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, True, ON_M)
+            m, l2, acc = _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, MASKED,
+                                    ON_M)
             blk = nxt
     else:
         for n0 in range(lo, hi, BLOCK_N):
             ids = _tile_blocks(bt_row, n0, last, BLOCK_N, BS, MASKED)
-            k, vt = _tile_loads(K, V, ids, n0, last, h, stride_kb, stride_ks, stride_kh,
-                                stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, MASKED)
-            m, l, acc = _tile_math(qt, m, l, acc, k, vt, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, MASKED)
-    return m, l, acc, blk
+            k, v = _tile_loads(K, V, ids, n0, last, h, stride_kb, stride_ks, stride_kh,
+                               stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, MASKED, ON_M)
+            m, l2, acc = _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, MASKED,
+                                    ON_M)
+    return m, l2, acc, blk
 
 
 @triton.jit
@@ -158,16 +217,53 @@ def _rows(cu_seqlens_q, context_lens, b, pid_m, G: tl.constexpr, BQ: tl.constexp
 
 
 @triton.jit
+def _rows_ptrs(base, t_idx, qh, stride_t, stride_h, D: tl.constexpr, ON_M: tl.constexpr):
+    # Pointers to the tile's rows ([BQ, D] on M, [D, BQ] on N) of a [T, H, D] tensor with a contiguous head dim
+    # (the split partials: p_idx, 0, D, 0).
+    d = tl.arange(0, D)
+    row = t_idx * stride_t + qh * stride_h
+    if ON_M:
+        ptrs = base + row[:, None] + d[None, :]
+    else:
+        ptrs = base + row[None, :] + d[:, None]
+    return ptrs
+
+
+@triton.jit
+def _rows_mask(ok, ON_M: tl.constexpr):
+    if ON_M:
+        mask = ok[:, None]
+    else:
+        mask = ok[None, :]
+    return mask
+
+
+@triton.jit
+def _store_rows(O, t_idx, qh, stride_ot, stride_oh, acc, l, row_ok, D: tl.constexpr, ON_M: tl.constexpr):
+    # The rows' output acc / l (rows with no key: 0), in O's dtype.
+    l_safe = tl.where(l > 0, l, 1.0)
+    if ON_M:
+        out = acc / l_safe[:, None]
+    else:
+        out = acc / l_safe[None, :]
+    tl.store(_rows_ptrs(O, t_idx, qh, stride_ot, stride_oh, D, ON_M), out.to(O.dtype.element_ty),
+             mask=_rows_mask(row_ok, ON_M))
+
+
+@triton.jit
 def _paged_attention_kernel(
-        Q, K, V, O, PM, PL, PACC, cu_seqlens_q, context_lens, block_tables, qk_scale, n_split_grid, num_q_heads,
-        stride_qt, stride_qh, stride_ot, stride_oh,
+        Q, K, V, O, PM, PL, PACC, RUN, cu_seqlens_q, context_lens, block_tables, qk_scale, n_split_grid,
+        num_q_heads, stride_qt, stride_qh, stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
         G: tl.constexpr, BQ: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
         SPLIT: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-        AHEAD: tl.constexpr):
+        AHEAD: tl.constexpr, ON_M: tl.constexpr, RUN_IN_MEMORY: tl.constexpr):
     # grid (query tiles, B, Hkv * n_split_grid). PARTIAL: split `sid` only, (m, l, acc) to PM/PL [T, Hq, S] and
     # PACC [T, Hq, S, D]; otherwise every split folded in order into O [T, Hq, D]. AHEAD (decode tiles): block ids a
     # tile ahead, so the K/V copies never wait on the block table (_fold_tiles; tests/kernels/triton/test_attention.py).
+    # ON_M: the query rows on the MMA's M side (prefill tiles), else on N (decode tiles); the same bits.
+    # RUN_IN_MEMORY: the folded accumulator waits for the next split in RUN [T, Hq, D] fp32 rather than in registers
+    # through its tile loop (a [64, 128] prefill tile would spill); a load and a store of exact fp32, the same bits.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2) // n_split_grid
@@ -175,11 +271,20 @@ def _paged_attention_kernel(
     has_rows, t_idx, g, row_ok, pos, last, first_pos = _rows(cu_seqlens_q, context_lens, b, pid_m, G, BQ)
     if has_rows:
         qh = h * G + g
-        d = tl.arange(0, D)
-        qt = tl.load(Q + t_idx[None, :] * stride_qt + qh[None, :] * stride_qh + d[:, None],
-                     mask=row_ok[None, :], other=0.0)  # [D, BQ]
+        q = tl.load(_rows_ptrs(Q, t_idx, qh, stride_qt, stride_qh, D, ON_M), mask=_rows_mask(row_ok, ON_M),
+                    other=0.0)
+        dt = Q.dtype.element_ty
         if UPCAST:
-            qt = qt.to(tl.float32)
+            q = q.to(tl.float32)
+            dt = tl.float32
+        if ON_M:
+            ones = tl.full([BLOCK_N, ONES_N], 1.0, dt)
+            acc0 = tl.zeros([BQ, D], tl.float32)
+            l20 = tl.zeros([BQ, ONES_N], tl.float32)
+        else:
+            ones = tl.full([ONES_M, BLOCK_N], 1.0, dt)
+            acc0 = tl.zeros([D, BQ], tl.float32)
+            l20 = tl.zeros([ONES_M, BQ], tl.float32)
         n_splits = last // SPLIT + 1
         lo_split = 0
         hi_split = n_splits
@@ -189,33 +294,40 @@ def _paged_attention_kernel(
         bt_row = block_tables + b * stride_bt
         m_run = tl.full([BQ], float("-inf"), tl.float32)
         l_run = tl.zeros([BQ], tl.float32)
-        acc_run = tl.zeros([D, BQ], tl.float32)
+        if not RUN_IN_MEMORY:
+            acc_run = acc0
         for s_idx in range(lo_split, hi_split):
             m = tl.full([BQ], float("-inf"), tl.float32)
-            l = tl.zeros([BQ], tl.float32)
-            acc = tl.zeros([D, BQ], tl.float32)
             kv_lo = s_idx * SPLIT
             kv_hi = tl.minimum(kv_lo + SPLIT, last + 1)
             full_hi = tl.minimum(kv_lo + tl.maximum(first_pos + 1 - kv_lo, 0) // BLOCK_N * BLOCK_N, kv_hi)
             blk = _tile_blocks(bt_row, kv_lo, last, BLOCK_N, BS, True)  # AHEAD's first ids; else unused, dropped
-            m, l, acc, blk = _fold_tiles(qt, m, l, acc, blk, K, V, bt_row, kv_lo, full_hi, last, pos, h, qk_scale,
-                                         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                         BLOCK_N, D, BS, UPCAST, IEEE, AHEAD, False)
-            m, l, acc, blk = _fold_tiles(qt, m, l, acc, blk, K, V, bt_row, full_hi, kv_hi, last, pos, h, qk_scale,
-                                         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                         BLOCK_N, D, BS, UPCAST, IEEE, AHEAD, True)
+            m, l2, acc, blk = _fold_tiles(q, m, l20, acc0, ones, blk, K, V, bt_row, kv_lo, full_hi, last, pos, h,
+                                          qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                          BLOCK_N, D, BS, UPCAST, IEEE, AHEAD, False, ON_M)
+            m, l2, acc, blk = _fold_tiles(q, m, l2, acc, ones, blk, K, V, bt_row, full_hi, kv_hi, last, pos, h,
+                                          qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                          BLOCK_N, D, BS, UPCAST, IEEE, AHEAD, True, ON_M)
+            l = _row_sums(l2, ON_M)
             if PARTIAL:
                 ok = row_ok & (pos >= kv_lo)
                 p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx  # [BQ]
                 tl.store(PM + p_idx, m, mask=ok)
                 tl.store(PL + p_idx, l, mask=ok)
-                tl.store(PACC + p_idx[None, :] * D + d[:, None], acc, mask=ok[None, :])
+                tl.store(_rows_ptrs(PACC, p_idx, 0, D, 0, D, ON_M), acc, mask=_rows_mask(ok, ON_M))
             else:
-                m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m, l, acc, pos >= kv_lo)
-        if not PARTIAL:
-            out = acc_run / tl.where(l_run > 0, l_run, 1.0)[None, :]
-            tl.store(O + t_idx[None, :] * stride_ot + qh[None, :] * stride_oh + d[:, None],
-                     out.to(O.dtype.element_ty), mask=row_ok[None, :])
+                if RUN_IN_MEMORY:
+                    run = _rows_ptrs(RUN, t_idx, qh, num_q_heads * D, D, D, ON_M)
+                    not_first = tl.full([BQ], s_idx, tl.int32) > lo_split  # the first split folds into zeros
+                    before = tl.load(run, mask=_rows_mask(row_ok & not_first, ON_M), other=0.0)
+                    m_run, l_run, folded = _fold(m_run, l_run, before, m, l, acc, pos >= kv_lo, ON_M)
+                    if s_idx + 1 < hi_split:
+                        tl.store(run, folded, mask=_rows_mask(row_ok, ON_M))
+                else:
+                    m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m, l, acc, pos >= kv_lo, ON_M)
+                    folded = acc_run
+                if s_idx + 1 == hi_split:
+                    _store_rows(O, t_idx, qh, stride_ot, stride_oh, folded, l_run, row_ok, D, ON_M)
 
 
 @triton.jit
@@ -228,7 +340,6 @@ def _merge_splits_kernel(O, PM, PL, PACC, cu_seqlens_q, context_lens, n_split_gr
     has_rows, t_idx, g, row_ok, pos, last, _ = _rows(cu_seqlens_q, context_lens, b, pid_m, G, BQ)
     if has_rows:
         qh = h * G + g
-        d = tl.arange(0, D)
         m_run = tl.full([BQ], float("-inf"), tl.float32)
         l_run = tl.zeros([BQ], tl.float32)
         acc_run = tl.zeros([D, BQ], tl.float32)
@@ -237,11 +348,9 @@ def _merge_splits_kernel(O, PM, PL, PACC, cu_seqlens_q, context_lens, n_split_gr
             p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx
             m = tl.load(PM + p_idx, mask=live, other=float("-inf"))
             l = tl.load(PL + p_idx, mask=live, other=0.0)
-            acc = tl.load(PACC + p_idx[None, :] * D + d[:, None], mask=live[None, :], other=0.0)
-            m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m, l, acc, live)
-        out = acc_run / tl.where(l_run > 0, l_run, 1.0)[None, :]
-        tl.store(O + t_idx[None, :] * stride_ot + qh[None, :] * stride_oh + d[:, None],
-                 out.to(O.dtype.element_ty), mask=row_ok[None, :])
+            acc = tl.load(_rows_ptrs(PACC, p_idx, 0, D, 0, D, False), mask=live[None, :], other=0.0)
+            m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m, l, acc, live, False)
+        _store_rows(O, t_idx, qh, stride_ot, stride_oh, acc_run, l_run, row_ok, D, False)
 
 
 def _check_attention(q, k_cache, v_cache, meta) -> None:
@@ -313,21 +422,25 @@ def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool 
     if parallel_splits is None:
         parallel_splits = default_parallel_splits(meta, tokens_per_tile, h_kv)
     n_split_grid = cdiv(meta.max_context_len, SPLIT) if parallel_splits else 1
+    on_m = rows >= ROWS_ON_M
+    run_in_memory = on_m and not parallel_splits  # touched only where a tile's rows reach a second split
     if parallel_splits:
         pm = torch.empty(t, hq, n_split_grid, dtype=torch.float32, device=q.device)
         pl = torch.empty_like(pm)
         pacc = torch.empty(t, hq, n_split_grid, d, dtype=torch.float32, device=q.device)
     else:
         pm = pl = pacc = out  # unused by the folding variant
+    multi_split = run_in_memory and meta.max_context_len > SPLIT
+    run = torch.empty(t, hq, d, dtype=torch.float32, device=q.device) if multi_split else out
     upcast = interpreting()  # the interpreter's bf16/fp16 arithmetic is not the GPU's: compute in fp32 there
     ieee = upcast or q.dtype == torch.float32  # fp32 operands: exact fp32 products, never tf32
     grid = (cdiv(meta.max_query_len, tokens_per_tile), meta.num_seqs, h_kv * n_split_grid)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
+        q, k_cache, v_cache, out, pm, pl, pacc, run, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
         float(scale) * LOG2E, n_split_grid, hq, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
         G=g, BQ=rows, BLOCK_N=BLOCK_N, D=d, BS=bs, SPLIT=SPLIT, PARTIAL=parallel_splits,
-        UPCAST=upcast, IEEE=ieee, AHEAD=ahead, num_warps=NUM_WARPS,
+        UPCAST=upcast, IEEE=ieee, AHEAD=ahead, ON_M=on_m, RUN_IN_MEMORY=run_in_memory, num_warps=NUM_WARPS,
         num_stages=DECODE_STAGES if ahead else NUM_STAGES, enable_fp_fusion=FP_FUSION)
     if parallel_splits:
         _merge_splits_kernel[grid[:2] + (h_kv,)](

@@ -146,6 +146,25 @@ def test_chunked_prefill_and_prefix_hits(d, hq, hkv, dtype):
         assert_same_bits(out, full[s][ctx - n:], f"seq {s} prefix hit at {ctx - n}")
 
 
+@pytest.mark.parametrize("rows,warps,stages", [(64, 4, 3), (64, 8, 2), (128, 8, 2), (128, 8, 3)])
+def test_every_prefill_tile_gives_the_committed_bits(rows, warps, stages, monkeypatch):
+    """Prefill tiles put the rows on the MMA's M side, decode tiles on N: one warpgroup of 64 rows, two sharing the N
+    side (64 rows, 8 warps), two of 64 rows each (128 rows, 8 warps), 2 or 3 stages, all give the committed launch's
+    bits, which decode equals (test_decode_at_every_position_equals_prefill; docs/results/mma_roles.h200.json)."""
+    from samebits.kernels.triton import attention
+
+    world = world_for(128, 32, 8, torch.bfloat16, seed=rows + warps + stages)
+    reqs = [(s, len(q), len(q)) for s, q in enumerate(world.q)] + [(8, 3000, 2000)]  # seq 8: 3000 tokens
+    committed = torch.cat(run(world, reqs, pa))
+    monkeypatch.setattr(attention, "NUM_WARPS", warps)
+    monkeypatch.setattr(attention, "NUM_STAGES", stages)
+    got = torch.cat(run(world, reqs, lambda *a, **kw: attention.paged_attention(*a, rows=rows, **kw)))
+    assert_same_bits(got, committed, f"prefill tile of {rows} rows, {warps} warps, {stages} stages")
+    # Negative control: the same comparison sees another fold order (512-token splits).
+    monkeypatch.setattr(attention, "SPLIT", 512)
+    assert not mismatch(torch.cat(run(world, reqs, pa)), committed).same
+
+
 def test_page_size_does_not_change_bits():
     outs = [torch.cat(full_prefill(world_for(128, 32, 8, torch.bfloat16, block_size=bs, seed=9), pa))
             for bs in (16, 32, 128)]
