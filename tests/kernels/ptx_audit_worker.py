@@ -102,7 +102,7 @@ def _paged_attention_specs(dtype, d, query_tile, block_n, split):
         sig.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks",
                                        "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_bt")})
         const = {"G": 4, "BQ": rows, "BLOCK_N": block_n, "D": d, "BS": 16, "SPLIT": split,
-                 "PARTIAL": partial, "UPCAST": False, "IEEE": dtype == "fp32", "AHEAD": partial,
+                 "PARTIAL": partial, "UPCAST": False, "PRECISION": "ieee" if dtype == "fp32" else "tf32", "AHEAD": partial,
                  "ON_M": rows >= query_tile["rows_on_m_from"], "RUN_IN_MEMORY": not partial}
         sig.update({n: "constexpr" for n in const})
         stages = query_tile["decode_stages"] if partial else query_tile["num_stages"]  # as the launcher picks

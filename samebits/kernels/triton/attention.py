@@ -21,6 +21,7 @@ import triton.language as tl
 from samebits.arith import cdiv
 from samebits.kernels.common import interpreting, next_pow2
 from samebits.kernels.configs import TILE_CONFIGS
+from samebits.kernels.triton.mma import mma
 
 _QT = TILE_CONFIGS["attention.query_tile"]["config"]
 ROWS = _QT["rows"]
@@ -81,27 +82,8 @@ def _tile_loads(K, V, blk32, n0, last, h, stride_kb, stride_ks, stride_kh, strid
 
 
 @triton.jit
-def _mma(a, b, acc, UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    # acc + a @ b, the one product form of every tile (fp32 operands: exact fp32 products, never tf32). UPCAST (the
-    # interpreter): numpy's matmul rounds an element by where it sits in the matrix (OpenBLAS's edge kernels: a column
-    # moved from index 0 to 8 gets other bits), which no GPU tile does, so there the products are summed in K order by
-    # tl.sum over the middle axis, each element a function of its own operands. The operands are first copied into
-    # row-major order (a flat round trip): numpy sums a transposed view's products pairwise instead.
-    if UPCAST:
-        a = tl.reshape(tl.reshape(a, [a.shape[0] * a.shape[1]]), [a.shape[0], a.shape[1]])
-        b = tl.reshape(tl.reshape(b, [b.shape[0] * b.shape[1]]), [b.shape[0], b.shape[1]])
-        prod = tl.sum(a[:, :, None] * b[None, :, :], 1)
-        if acc is None:
-            return prod
-        return acc + prod
-    if IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
-
-
-@triton.jit
 def _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
-               IEEE: tl.constexpr, MASKED: tl.constexpr, ON_M: tl.constexpr):
+               PRECISION: tl.constexpr, MASKED: tl.constexpr, ON_M: tl.constexpr):
     # Rows on M: q [BQ, D], l2 [BQ, ONES_N], acc [BQ, D], v [BN, D], ones [BN, ONES_N]. Rows on N: q [D, BQ],
     # l2 [ONES_M, BQ], acc [D, BQ], v [D, BN], ones [ONES_M, BN]. m [BQ] fp32 (log2 domain); every row (N) or
     # column (M) of l2 is the rows' sums of P. MASKED=False is only used for tiles whose every key every live row
@@ -112,12 +94,12 @@ def _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N: tl.constex
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     if ON_M:
-        s = _mma(q, tl.trans(k), None, UPCAST, IEEE) * qk_scale  # [BQ, BN]
+        s = mma(q, tl.trans(k), None, UPCAST, PRECISION) * qk_scale  # [BQ, BN]
         if MASKED:
             s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
     else:
-        s = _mma(k, q, None, UPCAST, IEEE) * qk_scale  # S^T [BN, BQ]
+        s = mma(k, q, None, UPCAST, PRECISION) * qk_scale  # S^T [BN, BQ]
         if MASKED:
             s = tl.where(n[:, None] <= pos[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 0))
@@ -129,15 +111,15 @@ def _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N: tl.constex
     alpha = tl.exp2(m - m_safe)
     if ON_M:
         p = tl.exp2(s - m_safe[:, None]).to(v.dtype)
-        l2_new = _mma(p, ones, l2 * alpha[:, None], UPCAST, IEEE)
-        acc_new = _mma(p, v, acc * alpha[:, None], UPCAST, IEEE)
+        l2_new = mma(p, ones, l2 * alpha[:, None], UPCAST, PRECISION)
+        acc_new = mma(p, v, acc * alpha[:, None], UPCAST, PRECISION)
         if MASKED:
             l2_new = tl.where(live[:, None], l2_new, l2)
             acc_new = tl.where(live[:, None], acc_new, acc)
     else:
         p = tl.exp2(s - m_safe[None, :]).to(v.dtype)
-        l2_new = _mma(ones, p, l2 * alpha[None, :], UPCAST, IEEE)
-        acc_new = _mma(v, p, acc * alpha[None, :], UPCAST, IEEE)
+        l2_new = mma(ones, p, l2 * alpha[None, :], UPCAST, PRECISION)
+        acc_new = mma(v, p, acc * alpha[None, :], UPCAST, PRECISION)
         if MASKED:
             l2_new = tl.where(live[None, :], l2_new, l2)
             acc_new = tl.where(live[None, :], acc_new, acc)
@@ -175,7 +157,7 @@ def _fold(m_r, l_r, acc_r, m_s, l_s, acc_s, live, ON_M: tl.constexpr):
 @triton.jit
 def _fold_tiles(q, m, l2, acc, ones, blk, K, V, bt_row, lo, hi, last, pos, h, qk_scale,
                 stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+                BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                 AHEAD: tl.constexpr, MASKED: tl.constexpr, ON_M: tl.constexpr):
     # Keys lo..hi-1 folded tile by tile in order. AHEAD: blk holds tile lo's block ids and each iteration loads the
     # next tile's (masked: it may pass `last`), returned for the next range; otherwise each tile loads its own and blk
@@ -185,7 +167,7 @@ def _fold_tiles(q, m, l2, acc, ones, blk, K, V, bt_row, lo, hi, last, pos, h, qk
             nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS, True)
             k, v = _tile_loads(K, V, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
                                stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, True, ON_M)
-            m, l2, acc = _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, MASKED,
+            m, l2, acc = _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N, UPCAST, PRECISION, MASKED,
                                     ON_M)
             blk = nxt
     else:
@@ -193,7 +175,7 @@ def _fold_tiles(q, m, l2, acc, ones, blk, K, V, bt_row, lo, hi, last, pos, h, qk
             ids = _tile_blocks(bt_row, n0, last, BLOCK_N, BS, MASKED)
             k, v = _tile_loads(K, V, ids, n0, last, h, stride_kb, stride_ks, stride_kh,
                                stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, MASKED, ON_M)
-            m, l2, acc = _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N, UPCAST, IEEE, MASKED,
+            m, l2, acc = _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N, UPCAST, PRECISION, MASKED,
                                     ON_M)
     return m, l2, acc, blk
 
@@ -256,7 +238,7 @@ def _paged_attention_kernel(
         num_q_heads, stride_qt, stride_qh, stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
         G: tl.constexpr, BQ: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-        SPLIT: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        SPLIT: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
         AHEAD: tl.constexpr, ON_M: tl.constexpr, RUN_IN_MEMORY: tl.constexpr):
     # grid (query tiles, B, Hkv * n_split_grid). PARTIAL: split `sid` only, (m, l, acc) to PM/PL [T, Hq, S] and
     # PACC [T, Hq, S, D]; otherwise every split folded in order into O [T, Hq, D]. AHEAD (decode tiles): block ids a
@@ -304,10 +286,10 @@ def _paged_attention_kernel(
             blk = _tile_blocks(bt_row, kv_lo, last, BLOCK_N, BS, True)  # AHEAD's first ids; else unused, dropped
             m, l2, acc, blk = _fold_tiles(q, m, l20, acc0, ones, blk, K, V, bt_row, kv_lo, full_hi, last, pos, h,
                                           qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                          BLOCK_N, D, BS, UPCAST, IEEE, AHEAD, False, ON_M)
+                                          BLOCK_N, D, BS, UPCAST, PRECISION, AHEAD, False, ON_M)
             m, l2, acc, blk = _fold_tiles(q, m, l2, acc, ones, blk, K, V, bt_row, full_hi, kv_hi, last, pos, h,
                                           qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                          BLOCK_N, D, BS, UPCAST, IEEE, AHEAD, True, ON_M)
+                                          BLOCK_N, D, BS, UPCAST, PRECISION, AHEAD, True, ON_M)
             l = _row_sums(l2, ON_M)
             if PARTIAL:
                 ok = row_ok & (pos >= kv_lo)
@@ -433,14 +415,14 @@ def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool 
     multi_split = run_in_memory and meta.max_context_len > SPLIT
     run = torch.empty(t, hq, d, dtype=torch.float32, device=q.device) if multi_split else out
     upcast = interpreting()  # the interpreter's bf16/fp16 arithmetic is not the GPU's: compute in fp32 there
-    ieee = upcast or q.dtype == torch.float32  # fp32 operands: exact fp32 products, never tf32
+    precision = "ieee" if upcast or q.dtype == torch.float32 else "tf32"  # fp32 operands: exact products, never tf32
     grid = (cdiv(meta.max_query_len, tokens_per_tile), meta.num_seqs, h_kv * n_split_grid)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, pm, pl, pacc, run, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
         float(scale) * LOG2E, n_split_grid, hq, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
         G=g, BQ=rows, BLOCK_N=BLOCK_N, D=d, BS=bs, SPLIT=SPLIT, PARTIAL=parallel_splits,
-        UPCAST=upcast, IEEE=ieee, AHEAD=ahead, ON_M=on_m, RUN_IN_MEMORY=run_in_memory, num_warps=NUM_WARPS,
+        UPCAST=upcast, PRECISION=precision, AHEAD=ahead, ON_M=on_m, RUN_IN_MEMORY=run_in_memory, num_warps=NUM_WARPS,
         num_stages=DECODE_STAGES if ahead else NUM_STAGES, enable_fp_fusion=FP_FUSION)
     if parallel_splits:
         _merge_splits_kernel[grid[:2] + (h_kv,)](

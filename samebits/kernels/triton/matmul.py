@@ -7,6 +7,7 @@ import triton.language as tl
 
 from samebits.kernels.common import interpreting
 from samebits.kernels.configs import LAUNCH, TILE_CONFIGS
+from samebits.kernels.triton.mma import mma
 
 _FP = {torch.bfloat16, torch.float16, torch.float32}
 
@@ -49,11 +50,7 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
             k_left = K - kb * BK
             a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
             b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-        if UPCAST:
-            # Triton's interpreter computes bf16/fp16 dots wrongly; exact fp32 products give the same math.
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = mma(a, b, acc, UPCAST, PRECISION)
         a_ptrs += BK * stride_ak
         b_ptrs += BK * stride_bk
 
@@ -93,7 +90,7 @@ def matmul_kn(a, b, bias=None, config=None, out_dtype=None):
         a, b, c, bias if bias is not None else c, m, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         HAS_BIAS=bias is not None, BM=bm, BN=bn, BK=bk, GROUP_M=group_m, EVEN_K=k % bk == 0,
-        UPCAST=interpreting() and a.dtype != torch.float32,
+        UPCAST=interpreting(),  # the interpreter: fp32 products in K order (kernels/triton/mma.py)
         # fp32 inputs get IEEE fp32 products (torch's default), not TF32.
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         num_warps=warps, num_stages=stages, **LAUNCH,

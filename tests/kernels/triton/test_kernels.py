@@ -4,7 +4,7 @@ import importlib
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits
+from samebits.diagnostics.compare import assert_same_bits, mismatch
 from tests.kernels.helpers import REL_TOL, assert_close_to_ref, fresh_generator, rand
 
 pytestmark = pytest.mark.interpreter
@@ -47,6 +47,10 @@ def test_matmul_fixed_tile_is_batch_invariant(seed):
         p = int(torch.randint(0, m, (1,), generator=g))
         x[p] = row
         assert_same_bits(mm.linear(x, w, config=SMALL_TILE)[p], alone, f"triton linear M={m} slot {p}")
+    # Negative control: K cut at 16 into two sums added afterwards (split-K's order) is seen by the same comparison.
+    halves = mm.linear(row[None, :16], w[:, :16], config=SMALL_TILE) + mm.linear(row[None, 16:], w[:, 16:],
+                                                                                 config=SMALL_TILE)
+    assert mismatch(halves[0], alone).differing > 0, "the control changed no bit"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
