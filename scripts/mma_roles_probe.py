@@ -1,14 +1,13 @@
 """H200 probe: does the tensor core give an attention element the same bits whichever MMA side its query row is on?
 
-Today's tiles put the query rows on the MMA's N side (S^T = K Q^T, O^T = V^T P^T; kernels/triton/attention.py), so a
-row's bits do not depend on how many rows share its tile. Prefill pays for it: the softmax reduces over the M side
-(across warps, through shared memory) and P^T goes through shared memory to be the second MMA's B operand, and it
-runs at 0.3x SDPA (docs/BENCHMARKS.md section 3). A FlashAttention-layout prefill (rows on M: S = Q K^T, O = P V with P
-from registers) could keep decode's bits only if, for the same operands,
+Decode tiles put the query rows on the MMA's N side (S^T = K Q^T, O^T = V^T P^T; kernels/triton/attention.py), so a
+row's bits do not depend on how many rows share its tile. Prefill tiles put them on M, FlashAttention's layout (S = Q
+K^T, O = P V with P from registers), which keeps decode's bits only if, for the same operands,
   - each score S[r, t] equals S^T[t, r] bit for bit (the same products, summed over the head dim by the MMA),
   - each output O[r, d] of acc + P V equals that of acc^T + V^T P^T,
   - and the row sum l is formed in one order in both: tl.sum's order follows the layout, so here l is also taken
     through the MMA, as P times a ones column (rows on M) and a ones row times P^T (rows on N).
+The H200's answer was yes at every case (docs/results/mma_roles.h200.json), and the kernel rests on it.
 This probe answers those per dtype, tile width (rows) and warp count, against the decode tile (16 rows on N, 4 warps).
 The max is exact in any order and exp2 is elementwise, so P follows from S. Nothing here is launched by the engine.
 
