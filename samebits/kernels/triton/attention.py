@@ -46,11 +46,19 @@ LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x * scale) == exp2(x *
 @triton.jit
 def _tile_blocks(bt_row, n0, last, BLOCK_N: tl.constexpr, BS: tl.constexpr, MASKED: tl.constexpr):
     # The block id of each of the tile's keys (0 past `last`, where the loads are masked anyway); MASKED=False only
-    # for tiles whose every key is at most `last`.
-    n = n0 + tl.arange(0, BLOCK_N)
-    if MASKED:
-        return tl.load(bt_row + n // BS, mask=n <= last, other=0)
-    return tl.load(bt_row + n // BS)
+    # for tiles whose every key is at most `last`. Pages of a multiple of BLOCK_N tokens hold whole tiles: one id.
+    if BS % BLOCK_N == 0:
+        if MASKED:
+            ids = tl.load(bt_row + n0 // BS, mask=n0 <= last, other=0)
+        else:
+            ids = tl.load(bt_row + n0 // BS)
+    else:
+        n = n0 + tl.arange(0, BLOCK_N)
+        if MASKED:
+            ids = tl.load(bt_row + n // BS, mask=n <= last, other=0)
+        else:
+            ids = tl.load(bt_row + n // BS)
+    return ids
 
 
 @triton.jit
@@ -63,8 +71,14 @@ def _tile_loads(K, V, blk32, n0, last, h, stride_kb, stride_ks, stride_kh, strid
     n = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     blk = blk32.to(tl.int64)
-    row = blk * stride_kb + (n % BS) * stride_ks + h * stride_kh
-    row_v = blk * stride_vb + (n % BS) * stride_vs + h * stride_vh
+    if BS % BLOCK_N == 0:  # one page: a scalar base and the tile's 32-bit offsets, far fewer integer instructions
+        K = K + (blk * stride_kb + (n0 % BS) * stride_ks + h * stride_kh)
+        V = V + (blk * stride_vb + (n0 % BS) * stride_vs + h * stride_vh)
+        row = tl.arange(0, BLOCK_N) * stride_ks
+        row_v = tl.arange(0, BLOCK_N) * stride_vs
+    else:
+        row = blk * stride_kb + (n % BS) * stride_ks + h * stride_kh
+        row_v = blk * stride_vb + (n % BS) * stride_vs + h * stride_vh
     if MASKED:
         kv_ok = n <= last
         k = tl.load(K + row[:, None] + d[None, :], mask=kv_ok[:, None], other=0.0)

@@ -55,6 +55,25 @@ def test_triton_invariants(d, hq, hkv, lens):
     assert_same_bits(torch.cat(full_prefill(world, tri)), torch.cat(full), "repeat run")
 
 
+def test_one_page_tiles_equal_gathered_tiles(monkeypatch):
+    """Pages of a whole KV tile or more take one block id per tile (_tile_blocks); their bits are those of 16-token
+    pages gathered key by key: prefill and decode steps, splits folded and parallel. Negative control: the same
+    comparison sees another fold order."""
+    monkeypatch.setattr(triton_ops, "SPLIT", 128)  # several splits at interpreter-sized lengths
+    lens = [1, 70, 200]
+    full = full_prefill(make_world(lens, 8, 2, 64, 16, seed=5, device=DEVICE), tri)
+    picks = [(s, t) for s, n in enumerate(lens) for t in sorted({0, n // 2, n - 1})]
+    for bs in (64, 128):
+        world = make_world(lens, 8, 2, 64, bs, seed=5, device=DEVICE)
+        assert_same_bits(torch.cat(full_prefill(world, tri)), torch.cat(full), f"prefill, page {bs}")
+        for parallel in (False, True):
+            outs = run(world, [(s, t + 1, 1) for s, t in picks], tri, parallel_splits=parallel)
+            for (s, t), out in zip(picks, outs):
+                assert_same_bits(out, full[s][t:t + 1], f"decode seq {s} at {t}, page {bs}, parallel {parallel}")
+    monkeypatch.setattr(triton_ops, "SPLIT", 64)
+    assert not mismatch(torch.cat(full_prefill(world, tri)), torch.cat(full)).same
+
+
 def test_parallel_splits_merge_equals_sequential_fold_for_prefill_chunks(monkeypatch):
     monkeypatch.setattr(triton_ops, "SPLIT", 128)  # several splits at interpreter-sized lengths
     world = make_world([300, 270], 8, 2, 64, 16, seed=3, device=DEVICE)

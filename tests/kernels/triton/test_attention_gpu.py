@@ -165,11 +165,22 @@ def test_every_prefill_tile_gives_the_committed_bits(rows, warps, stages, monkey
     assert not mismatch(torch.cat(run(world, reqs, pa)), committed).same
 
 
-def test_page_size_does_not_change_bits():
-    outs = [torch.cat(full_prefill(world_for(128, 32, 8, torch.bfloat16, block_size=bs, seed=9), pa))
-            for bs in (16, 32, 128)]
-    for other in outs[1:]:
-        assert_same_bits(other, outs[0], "page size")
+@pytest.mark.parametrize("bs", [32, 64, 128, 256])
+def test_page_size_does_not_change_bits(bs, monkeypatch):
+    """Pages of 64 tokens and more hold whole KV tiles and take one block id per tile (_tile_blocks), smaller ones
+    gather key by key: prefill and decode at every position (both split strategies) against 16-token pages."""
+    ref = torch.cat(full_prefill(world_for(128, 32, 8, torch.bfloat16, block_size=16, seed=9), pa))
+    world = world_for(128, 32, 8, torch.bfloat16, block_size=bs, seed=9)
+    assert_same_bits(torch.cat(full_prefill(world, pa)), ref, f"prefill, page {bs}")
+    reqs = [(s, t + 1, 1) for s, q in enumerate(world.q) for t in range(len(q))]
+    for parallel in (False, True):
+        got = torch.cat(run(world, reqs, pa, parallel_splits=parallel))
+        assert_same_bits(got, ref, f"decode at every position, page {bs}, parallel splits {parallel}")
+    # Negative control: the same comparison sees another fold order (512-token splits).
+    from samebits.kernels.triton import attention
+
+    monkeypatch.setattr(attention, "SPLIT", 512)
+    assert not mismatch(torch.cat(full_prefill(world, pa)), ref).same
 
 
 @pytest.mark.parametrize("d,hq,hkv,dtype", CASES)
