@@ -357,6 +357,8 @@ SERVE_HELP = {
     "max_connections": "Open connections; more are answered 503 and closed.",
     "max_prompts": "Prompts in one completion request.",
     "max_stop": "Stop strings (and stop token ids) in one request.",
+    "block_size": "Tokens per KV page (default: 64 on CUDA, the attention's KV tile; 16 elsewhere). The bits never "
+                  "depend on it.",
     "kv_cache_tokens": "KV cache size in tokens (default: what the device memory allows).",
     "seed": "Seed of the server's seed stream for requests that send none.",
     "async_scheduling": "Launch step N+1 before step N is read back (default: on for CUDA, off on the CPU).",

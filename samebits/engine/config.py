@@ -12,6 +12,12 @@ SEED_LIMIT = 2**63
 # The row-parallel sum across ranks (samebits/distributed/reduce.py, docs/TP.md): ordered (fixed tree in rank order),
 # native (the library's), invariant (TP-invariant mode: TP_MAX K-chunks at every size, one fixed tree).
 ALL_REDUCE_ROUTES = ("ordered", "native", "invariant")
+# Tokens per KV page where block_size is None, by device type; other devices take vLLM's 16, which shares prefixes
+# more finely. On CUDA a page of the attention's KV tile (64 tokens, kernels/configs.py attention.kv_tile) holds
+# whole tiles, so the kernel loads one block id per tile instead of gathering key by key: decode 1.05-1.36x and
+# prefill 1.2x faster on the H200 than 16-token pages (docs/BENCHMARKS.md section 3). The bits never depend on it.
+BLOCK_SIZES = {"cuda": 64}
+OTHER_BLOCK_SIZE = 16
 
 
 def _is_int(value) -> bool:
@@ -40,7 +46,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
-    block_size: int = 16
+    block_size: int | None = None  # tokens per KV page; None: the device's (BLOCK_SIZES)
     kv_cache_tokens: int | None = None
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True
@@ -78,9 +84,9 @@ class EngineConfig:
         _int_at_least("max_waiting", self.max_waiting, 1, optional=True)
         bs = self.block_size
         # Paged-attention kernels tile a block with power-of-two loads.
-        _require(_is_int(bs) and 1 <= bs <= 1024 and bs & (bs - 1) == 0,
-                 f"block_size must be a power of two in [1, 1024], got {bs!r}")
-        _int_at_least("kv_cache_tokens", self.kv_cache_tokens, bs, optional=True)
+        _require(bs is None or (_is_int(bs) and 1 <= bs <= 1024 and bs & (bs - 1) == 0),
+                 f"block_size must be None or a power of two in [1, 1024], got {bs!r}")
+        _int_at_least("kv_cache_tokens", self.kv_cache_tokens, bs or 1, optional=True)
         if self.policy == "bucketed":
             # Bucketed decode pads the batch up to max_num_seqs rows, and every padded row costs a budget token.
             _require(self.max_num_batched_tokens >= self.max_num_seqs,
@@ -116,3 +122,9 @@ class EngineConfig:
 
     def replace(self, **changes) -> EngineConfig:
         return EngineConfig.from_dict({**self.to_dict(), **changes})
+
+    def on_device(self, device_type: str) -> EngineConfig:
+        """This config as an engine on `device_type` runs it: block_size None becomes the device's page size."""
+        if self.block_size is not None:
+            return self
+        return self.replace(block_size=BLOCK_SIZES.get(device_type, OTHER_BLOCK_SIZE))

@@ -6,12 +6,21 @@ from samebits.engine.config import EngineConfig
 def test_defaults_match_issue():
     c = EngineConfig()
     assert (c.model, c.mode, c.policy, c.device, c.dtype) == ("smollm2-135m", "deterministic", "dynamic", None, None)
-    assert (c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.block_size) == (256, 2048, None, 16)
+    assert (c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.block_size) == (256, 2048, None, None)
     assert (c.kv_cache_tokens, c.enable_prefix_caching, c.cuda_graphs, c.seed, c.max_waiting) == (
         None, True, True, None, None)
     assert (c.tensor_parallel_size, c.all_reduce, c.tp_invariant) == (1, "ordered", False)
     assert EngineConfig(all_reduce="invariant").tp_invariant
 
+
+
+def test_block_size_none_takes_the_device_page():
+    """64 on CUDA (whole KV tiles per page, samebits/engine/config.py BLOCK_SIZES), 16 elsewhere; a given size stays,
+    and the resolved config is validated again."""
+    assert (EngineConfig().on_device("cuda").block_size, EngineConfig().on_device("cpu").block_size) == (64, 16)
+    assert EngineConfig(block_size=8).on_device("cuda").block_size == 8
+    with pytest.raises(ValueError, match="kv_cache_tokens must be None or an int >= 64"):
+        EngineConfig(kv_cache_tokens=32).on_device("cuda")
 
 @pytest.mark.parametrize(
     "kwargs, field, limit",
@@ -24,7 +33,7 @@ def test_defaults_match_issue():
         ({"max_model_len": 1}, "max_model_len", ">= 2"),
         ({"block_size": 12}, "block_size", "power of two"),
         ({"block_size": 2048}, "block_size", "[1, 1024]"),
-        ({"kv_cache_tokens": 8}, "kv_cache_tokens", ">= 16"),
+        ({"kv_cache_tokens": 8, "block_size": 16}, "kv_cache_tokens", ">= 16"),
         ({"seed": -1}, "seed", "2**63"),
         ({"max_waiting": 0}, "max_waiting", ">= 1"),
         ({"dtype": "int8"}, "dtype", "bfloat16"),

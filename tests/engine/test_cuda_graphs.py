@@ -178,3 +178,25 @@ def test_a_voided_capture_is_retried_then_that_size_stays_eager(tmp_path, monkey
             assert runner._graph_forward(out.scheduled, key, None) is None
         assert runner.graphs is graphs, "one failure keeps the graphs"
     assert graphs.failed_captures[key] == CAPTURE_ATTEMPTS and graphs.graph_key(out) is None
+
+
+@pytest.mark.gpu
+def test_the_cuda_page_size_does_not_change_an_engines_bits(tmp_path, monkeypatch):
+    """The CUDA default page (64 tokens: one block id per KV tile) against 16-token pages, eagerly: every request's
+    tokens and logprob bits. Negative control: the same comparison sees 256-token splits (prompts up to 494 tokens)."""
+    from samebits.kernels.triton import attention
+
+    ckpt = write_tiny_checkpoint(tmp_path, "llama3", seed=2, torch_dtype="bfloat16", **SHAPE)
+    prompts = [[7 + i] * (20 + 25 * i) for i in range(19)]
+    params = SamplingParams(temperature=0.8, seed=5, max_tokens=24, logprobs=0, ignore_eos=True)
+
+    def bits(block_size):
+        llm = LLM(model=str(ckpt), device="cuda", block_size=block_size, cuda_graphs=False, kv_cache_tokens=16384)
+        assert llm.engine.config.block_size == (block_size or 64)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return [(o.outputs[0].token_ids, float32_bits(o.outputs[0].token_logprobs)) for o in outs]
+
+    pages16 = bits(16)
+    assert bits(None) == pages16
+    monkeypatch.setattr(attention, "SPLIT", 256)
+    assert bits(None) != pages16

@@ -158,3 +158,8 @@ def test_progress_counts_every_request_a_step_advanced_due_or_not(llm):
             assert p.new_tokens > 0 and p.first_scheduled_time is not None
         final.update((o.request_id, o) for o in outs if o.finished)
     assert counted == {r: sum(len(c.token_ids) for c in final[r].outputs) for r in ("r0", "r1")} == {"r0": 18, "r1": 6}
+
+
+def test_the_cpu_engine_takes_16_token_pages(llm):
+    engine = llm.engine
+    assert (engine.config.block_size, engine.scheduler.bm.block_size, engine.runner.block_size) == (16, 16, 16)
