@@ -6,13 +6,18 @@ Decode: B sequences of `context` cached tokens, one query each; SDPA gets the sa
 enable_gqa), ours reads them through a paged cache with scattered blocks. Prefill: one sequence, causal. Times are
 medians of triton.testing.do_bench; ratio = SDPA time / ours (>= 1 means ours is at least as fast).
 Decode is timed in CUDA graphs (as an engine replays decode steps) and eagerly; the table shows the graph times.
-Writes attention.json and attention.png under OUT_DIR and prints a table.
+Writes attention.json and attention.png under OUT_DIR and prints a table. --page sets the cache's page size (the
+bits never depend on it; pages of whole 64-token KV tiles load one block id per tile, docs/BENCHMARKS.md section 3).
+
+The cases run in a child process that appends each row to attention.json; a child that dies (a CUDA error poisons
+its context) is recorded as that case's row with its exit status, and a new child goes on from the next case.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import subprocess
 import sys
 
 import torch
@@ -20,9 +25,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from samebits.engine.config import BLOCK_SIZES
 from samebits.kernels.attention import AttentionMetadata, paged_attention
 
-HQ, HKV, D, BS = 32, 8, 128, 16
+HQ, HKV, D = 32, 8, 128
+BS = BLOCK_SIZES["cuda"]  # the engine's page size on CUDA unless --page says otherwise
 DTYPE = torch.bfloat16
 
 
@@ -148,39 +155,77 @@ def sweep(out: str, gen) -> list:
     return list(best["variant"])
 
 
+def _cases(quick: bool) -> list[tuple[str, int, int]]:
+    batches = (1, 16, 256) if quick else (1, 8, 32, 64, 128, 256)
+    contexts = (512, 4096, 32768) if quick else (512, 2048, 8192, 32768)
+    return [("prefill", 1, n) for n in (1024, 2048, 4096, 8192)] + [("decode", b, c) for c in contexts for b in batches]
+
+
+def _run_cases(path: str, info: dict, cases: list, start: int) -> None:
+    """The child: cases[start:], each row appended to the report as soon as it is measured."""
+    gen = torch.Generator().manual_seed(start)
+    for kind, batch, ctx in cases[start:]:
+        row = prefill_case(ctx, gen) if kind == "prefill" else decode_case(batch, ctx, gen)
+        info["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        torch.cuda.empty_cache()
+        with open(path, "w") as f:
+            json.dump(info, f, indent=1)
+
+
+def _supervise(args, path: str, info: dict, cases: list) -> dict:
+    """Children until every case has a row: a child's death becomes its case's row, the next child starts after it."""
+    with open(path, "w") as f:
+        json.dump(info, f, indent=1)
+    while len(info["rows"]) < len(cases):
+        start = len(info["rows"])
+        cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--page", str(args.page),
+               "--from-case", str(start)] + (["--quick"] if args.quick else []) + \
+              (["--variant", args.variant] if args.variant else [])
+        rc = subprocess.call(cmd)
+        with open(path) as f:
+            info = json.load(f)
+        if len(info["rows"]) < len(cases):  # the child stopped before the end: its case gets the exit status
+            kind, batch, ctx = cases[len(info["rows"])]
+            info["rows"].append({"kind": kind, "batch": batch, "context": ctx, "error": f"process died, exit {rc}"})
+            print(json.dumps(info["rows"][-1]), flush=True)
+            with open(path, "w") as f:
+                json.dump(info, f, indent=1)
+    return info
+
+
 def main() -> None:
+    global BS
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--page", type=int, default=BS, help="tokens per page of the paged cache")
     ap.add_argument("--sweep", action="store_true", help="compare VARIANTS, write sweep.json, then bench the best")
     ap.add_argument("--sweep-only", action="store_true", help="stop after the sweep")
     ap.add_argument("--variant", help="rows,kv_tile,split,stages,warps to bench instead of the committed config")
+    ap.add_argument("--from-case", type=int, help=argparse.SUPPRESS)  # a child: run the cases from this one
     args = ap.parse_args()
+    BS = args.page
     os.makedirs(args.out, exist_ok=True)
     if args.sweep or args.sweep_only:
-        apply_variant(*sweep(args.out, torch.Generator().manual_seed(1)))
+        args.variant = ",".join(map(str, sweep(args.out, torch.Generator().manual_seed(1))))
         if args.sweep_only:
             return
-    elif args.variant:
+    if args.variant:
         apply_variant(*map(int, args.variant.split(",")))
-    gen = torch.Generator().manual_seed(0)
-    batches = (1, 16, 256) if args.quick else (1, 8, 32, 64, 128, 256)
-    contexts = (512, 4096, 32768) if args.quick else (512, 2048, 8192, 32768)
-    rows: list[dict] = []
+    path = os.path.join(args.out, "attention.json")
+    cases = _cases(args.quick)
+    if args.from_case is not None:
+        with open(path) as f:
+            _run_cases(path, json.load(f), cases, args.from_case)
+        return
     from samebits.kernels.triton import attention as at
 
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": __import__("triton").__version__, "heads": [HQ, HKV, D], "page": BS, "rows": rows,
+            "triton": __import__("triton").__version__, "heads": [HQ, HKV, D], "page": BS, "rows": [],
             "config": {"split": at.SPLIT, "num_stages": at.NUM_STAGES, "num_warps": at.NUM_WARPS,
                        "query_rows": at.ROWS, "decode_rows": at.DECODE_ROWS, "kv_tile": at.BLOCK_N}}
-    cases = [lambda length=length: prefill_case(length, gen) for length in (1024, 2048, 4096, 8192)]
-    cases += [lambda b=b, ctx=ctx: decode_case(b, ctx, gen) for ctx in contexts for b in batches]
-    for case in cases:
-        rows.append(case())
-        print(json.dumps(rows[-1]), flush=True)
-        torch.cuda.empty_cache()
-        with open(os.path.join(args.out, "attention.json"), "w") as f:  # after every case: a timeout keeps the rest
-            json.dump(info, f, indent=1)
+    rows = [r for r in _supervise(args, path, info, cases)["rows"] if "error" not in r]
     _plot(rows, os.path.join(args.out, "attention.png"))
     _table(rows)
 

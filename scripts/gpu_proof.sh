@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU proof in one call (device machine: image python, PYTHONPATH=., no install except carried wheels).
-# Usage: bash scripts/gpu_proof.sh [tests|probe|kernels|attention|variants|variants-prefill|mma-roles|e2e|server|server-process|steps|mixed|rl|tp1 ...];
+# Usage: bash scripts/gpu_proof.sh [tests|probe|kernels|attention|pages|repro-2g|variants|variants-prefill|mma-roles|e2e|server|server-process|steps|mixed|rl|tp1 ...];
 # results under $OUT. With no step named it runs tests probe kernels attention e2e (~25 min): name the steps.
 # variants needs scripts/_attention_before.py (untracked, it travels): git show main:samebits/kernels/triton/attention.py
 set -uo pipefail
@@ -45,6 +45,8 @@ for step in $steps; do
     probe) python3 -m samebits probe --device cuda --full --json "$OUT/probe.h200.json" --plot "$OUT/probe.h200.png" ;;
     kernels) python3 benchmarks/kernels.py --out "$OUT" ;;
     attention) python3 benchmarks/attention.py --out "$OUT" ;;
+    pages) python3 scripts/attention_pages_probe.py "$OUT" ;;
+    repro-2g) python3 scripts/attention_2g_repro.py; compute-sanitizer --tool memcheck python3 scripts/attention_2g_repro.py ;;
     variants) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py ;;
     variants-prefill) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py --only prefill,family ;;
     mma-roles) python3 scripts/mma_roles_probe.py "$OUT" ;;
