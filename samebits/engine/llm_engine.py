@@ -24,8 +24,7 @@ class LLMEngine:
         from samebits.models import load_model
 
         self.loaded = one_rank(config, loaded or load_model(config.model, config.mode, config.device, config.dtype))
-        self.config = config = config.on_device("cuda" if config.tensor_parallel_size > 1 else
-                                                self.loaded.model.device.type)
+        self.config = config = config.on_device(self.loaded.model.device.type)
         self.tokenizer = self.loaded.tokenizer
         self.model_name = self.loaded.name
         self.runner = runner_for(config, self.loaded)

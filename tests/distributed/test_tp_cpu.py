@@ -138,3 +138,9 @@ def test_update_weights_refuses_the_sharded_layout(invariant):
 def test_the_weights_digest_is_the_loaded_models_at_every_tp_size(invariant):
     digests = {tp: llm.engine.fingerprint()["weights"] for tp, llm in invariant.items()}
     assert len(set(digests.values())) == 1, digests
+
+
+def test_every_tp_size_on_the_cpu_takes_16_token_pages(det2, invariant):
+    """block_size None: the device's page (engine/config.py BLOCK_SIZES), for the sharded runners too."""
+    assert {e.config.block_size for e in (det2.engine, invariant[1].engine, invariant[4].engine)} == {16}
+    assert det2.engine.runner.block_size == 16
