@@ -3,6 +3,7 @@
 Run as a subprocess by test_ptx_audit.py, without TRITON_INTERPRET, so @triton.jit yields compilable kernels.
 """
 import importlib
+import itertools
 import json
 import re
 import sys
@@ -94,20 +95,23 @@ def _row_specs():
 def _paged_attention_specs(dtype, d, query_tile, block_n, split):
     fn = _jit("attention", "_paged_attention_kernel")
     specs = []
-    for partial, rows in ((False, query_tile["rows"]), (True, query_tile["decode_rows"])):
+    # Pages of 16 tokens gather key by key; pages of whole KV tiles (CUDA's default) load one block id per tile.
+    for (partial, rows), page in itertools.product(((False, query_tile["rows"]), (True, query_tile["decode_rows"])),
+                                                   (16, block_n)):
         ptr = "*" + dtype
         sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32", "RUN": "*fp32",
                "cu_seqlens_q": "*i32", "context_lens": "*i32", "block_tables": "*i32", "qk_scale": "fp32",
                "n_split_grid": "i32", "num_q_heads": "i32"}
         sig.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks",
                                        "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_bt")})
-        const = {"G": 4, "BQ": rows, "BLOCK_N": block_n, "D": d, "BS": 16, "SPLIT": split,
+        const = {"G": 4, "BQ": rows, "BLOCK_N": block_n, "D": d, "BS": page, "SPLIT": split,
                  "PARTIAL": partial, "UPCAST": False, "PRECISION": "ieee" if dtype == "fp32" else "tf32", "AHEAD": partial,
                  "ON_M": rows >= query_tile["rows_on_m_from"], "RUN_IN_MEMORY": not partial}
         sig.update({n: "constexpr" for n in const})
         stages = query_tile["decode_stages"] if partial else query_tile["num_stages"]  # as the launcher picks
         options = {"num_warps": query_tile["num_warps"], "num_stages": stages}
-        specs.append((f"paged_attention_{dtype}_d{d}_{'partial' if partial else 'fold'}", fn, sig, const, options))
+        specs.append((f"paged_attention_{dtype}_d{d}_{'partial' if partial else 'fold'}_page{page}", fn, sig, const,
+                      options))
     return specs
 
 
@@ -181,7 +185,7 @@ def main():
     specs = _matmul_specs() + _row_specs() + _attention_specs()
     specs.append(("control: tl.atomic_add fp32", _spec(_atomic_control, {"x_ptr": "*fp32", "out_ptr": "*fp32"}, {},
                                                         [], {"num_warps": 1})))
-    fn, sig, const, attrs, options = dict(specs)["attention paged_attention_bf16_d128_partial"]
+    fn, sig, const, attrs, options = dict(specs)["attention paged_attention_bf16_d128_partial_page16"]
     specs.append(("control: paged attention at 2 warps", (fn, sig, const, attrs, {**options, "num_warps": 2})))
     specs.append(("control: paged attention unaligned", (fn, sig, const, {}, options)))
     # ptxas runs as a subprocess, so threads overlap the compiles.

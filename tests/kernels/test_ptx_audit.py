@@ -31,7 +31,8 @@ def test_every_kernel_config_compiles_for_sm90_without_float_atomics(audit):
 
 def test_attention_kernels_are_audited(audit):
     names = {k.split()[1] for k in audit if k.startswith("attention ")}
-    assert {"paged_attention_bf16_d128_fold", "paged_attention_bf16_d128_partial", "merge_splits_bf16_d128",
+    assert {"paged_attention_bf16_d128_fold_page16", "paged_attention_bf16_d128_partial_page16",
+            "paged_attention_bf16_d128_fold_page64", "paged_attention_bf16_d128_partial_page64", "merge_splits_bf16_d128",
             "write_kv_bf16", "rope_bf16"} <= names
 
 
@@ -53,7 +54,7 @@ def test_paged_attention_pipelines_its_loads_and_uses_wgmma(audit):
     # attention.query_tile), and without cp.async the K/V loads do not overlap the arithmetic. fp32 runs exact
     # products without tensor cores.
     names = [n for n in audit if n.startswith("attention paged_attention") and "fp32" not in n]
-    assert len(names) == 8, names
+    assert len(names) == 16, names  # 2 dtypes x 2 head dims x fold/partial x 2 page forms
     for name in names:
         assert audit[name]["wgmma"], f"{name}: no wgmma"
         assert audit[name]["cp_async"], f"{name}: K/V loads not pipelined through cp.async"
