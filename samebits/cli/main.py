@@ -13,6 +13,7 @@ from rich.text import Text
 from samebits.cli.options import CONTEXT, field_flags, flag, positional, with_flags
 from samebits.diagnostics.bench.config import BenchConfig
 from samebits.diagnostics.lint.command import lint_command
+from samebits.engine.config import BLOCK_SIZES, OTHER_BLOCK_SIZE
 from samebits.modes import check_mode
 from samebits.server.config import ServerConfig
 
@@ -357,8 +358,8 @@ SERVE_HELP = {
     "max_connections": "Open connections; more are answered 503 and closed.",
     "max_prompts": "Prompts in one completion request.",
     "max_stop": "Stop strings (and stop token ids) in one request.",
-    "block_size": "Tokens per KV page (default: 64 on CUDA, the attention's KV tile; 16 elsewhere). The bits never "
-                  "depend on it.",
+    "block_size": f"Tokens per KV page (default: {BLOCK_SIZES['cuda']} on CUDA, the attention's KV tile; "
+                  f"{OTHER_BLOCK_SIZE} elsewhere). The bits never depend on it.",
     "kv_cache_tokens": "KV cache size in tokens (default: what the device memory allows).",
     "seed": "Seed of the server's seed stream for requests that send none.",
     "async_scheduling": "Launch step N+1 before step N is read back (default: on for CUDA, off on the CPU).",

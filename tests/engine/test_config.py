@@ -13,7 +13,6 @@ def test_defaults_match_issue():
     assert EngineConfig(all_reduce="invariant").tp_invariant
 
 
-
 def test_block_size_none_takes_the_device_page():
     """64 on CUDA (whole KV tiles per page, samebits/engine/config.py BLOCK_SIZES), 16 elsewhere; a given size stays,
     and the resolved config is validated again."""
@@ -21,6 +20,7 @@ def test_block_size_none_takes_the_device_page():
     assert EngineConfig(block_size=8).on_device("cuda").block_size == 8
     with pytest.raises(ValueError, match="kv_cache_tokens must be None or an int >= 64"):
         EngineConfig(kv_cache_tokens=32).on_device("cuda")
+
 
 @pytest.mark.parametrize(
     "kwargs, field, limit",
