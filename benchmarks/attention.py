@@ -33,19 +33,26 @@ BS = BLOCK_SIZES["cuda"]  # the engine's page size on CUDA unless --page says ot
 DTYPE = torch.bfloat16
 
 
-def _paged(batch: int, ctx: int, q_len: int, gen):
-    """A paged cache holding `batch` sequences of `ctx` tokens in shuffled blocks, plus contiguous copies for SDPA."""
-    n_blk = -(-ctx // BS)
+def to_pages(k, v, page: int, gen):
+    """K/V [B, ctx, Hkv, D] copied into caches of `page`-token pages in shuffled order, and the block tables."""
+    batch, ctx = k.shape[:2]
+    n_blk = -(-ctx // page)
     order = torch.randperm(batch * n_blk, generator=gen, device="cpu").tolist()
     tables = [order[b * n_blk:(b + 1) * n_blk] for b in range(batch)]
+    idx = torch.tensor(tables, device=k.device).long().flatten()
+    caches = []
+    for x in (k, v):
+        cache = torch.zeros(batch * n_blk, page, HKV, D, device=k.device, dtype=k.dtype)
+        cache[idx] = F.pad(x, (0, 0, 0, 0, 0, n_blk * page - ctx)).reshape(batch * n_blk, page, HKV, D)
+        caches.append(cache)
+    return caches[0], caches[1], tables
+
+
+def _paged(batch: int, ctx: int, q_len: int, gen):
+    """A paged cache holding `batch` sequences of `ctx` tokens in shuffled blocks, plus contiguous copies for SDPA."""
     k = torch.randn(batch, ctx, HKV, D, device="cuda", dtype=DTYPE)
     v = torch.randn(batch, ctx, HKV, D, device="cuda", dtype=DTYPE)
-    k_cache = torch.zeros(batch * n_blk, BS, HKV, D, device="cuda", dtype=DTYPE)
-    v_cache = torch.zeros_like(k_cache)
-    idx = torch.tensor(tables, device="cuda").long()  # [B, n_blk]
-    pad = n_blk * BS - ctx
-    k_cache[idx.flatten()] = F.pad(k, (0, 0, 0, 0, 0, pad)).reshape(batch * n_blk, BS, HKV, D)
-    v_cache[idx.flatten()] = F.pad(v, (0, 0, 0, 0, 0, pad)).reshape(batch * n_blk, BS, HKV, D)
+    k_cache, v_cache, tables = to_pages(k, v, BS, gen)
     meta = AttentionMetadata.build([q_len] * batch, [ctx] * batch, tables, BS, "cuda")
     q = torch.randn(batch * q_len, HQ, D, device="cuda", dtype=DTYPE)
     return q, k, v, k_cache, v_cache, meta

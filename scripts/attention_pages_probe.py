@@ -19,7 +19,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
-from attention import HKV, HQ, D, _bench  # benchmarks/attention.py
+from attention import HKV, HQ, D, _bench, to_pages  # benchmarks/attention.py
 
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.triton import attention as at
@@ -27,21 +27,6 @@ from samebits.kernels.triton import attention as at
 PAGES = (16, 64, 128)
 DECODE = [(1, 512), (1, 2048), (1, 8192), (8, 2048), (32, 512), (64, 512), (64, 2048), (256, 512), (256, 2048)]
 PREFILL = [1024, 4096, 8192]
-
-
-def paged(k, v, page: int, gen):
-    """K/V [B, ctx, Hkv, D] in a cache of `page`-token pages in shuffled order, and the block tables."""
-    batch, ctx = k.shape[:2]
-    n_blk = -(-ctx // page)
-    order = torch.randperm(batch * n_blk, generator=gen).tolist()
-    tables = [order[b * n_blk:(b + 1) * n_blk] for b in range(batch)]
-    idx = torch.tensor(tables, device=k.device).long().flatten()
-    caches = []
-    for x in (k, v):
-        cache = torch.zeros(batch * n_blk, page, HKV, D, device=k.device, dtype=k.dtype)
-        cache[idx] = F.pad(x, (0, 0, 0, 0, 0, n_blk * page - ctx)).reshape(batch * n_blk, page, HKV, D)
-        caches.append(cache)
-    return caches[0], caches[1], tables
 
 
 def case(rows: list, kind: str, batch: int, ctx: int) -> None:
@@ -56,7 +41,7 @@ def case(rows: list, kind: str, batch: int, ctx: int) -> None:
                                                          enable_gqa=True), graph=graph)
     ref = None
     for page in PAGES:
-        k_cache, v_cache, tables = paged(k, v, page, torch.Generator().manual_seed(page))
+        k_cache, v_cache, tables = to_pages(k, v, page, torch.Generator().manual_seed(page))
         meta = AttentionMetadata.build([q_len] * batch, [ctx] * batch, tables, page, "cuda")
         call = functools.partial(at.paged_attention, q, k_cache, v_cache, meta, scale)
         out = call()
