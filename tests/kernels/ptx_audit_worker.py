@@ -95,10 +95,12 @@ def _row_specs():
 def _paged_attention_specs(dtype, d, query_tile, block_n, split):
     fn = _jit("attention", "_paged_attention_kernel")
     specs = []
-    # Pages of 16 tokens gather key by key; pages of whole KV tiles (CUDA's default) load one block id per tile.
+    # Pages of 16 tokens gather key by key; pages of whole KV tiles (CUDA's default) load one block id per tile and
+    # their unmasked tiles through TMA descriptors, where the launcher passes them.
     for (partial, rows), page in itertools.product(((False, query_tile["rows"]), (True, query_tile["decode_rows"])),
                                                    (16, block_n)):
         ptr = "*" + dtype
+        tma = page % block_n == 0
         sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32", "RUN": "*fp32",
                "cu_seqlens_q": "*i32", "context_lens": "*i32", "block_tables": "*i32", "qk_scale": "fp32",
                "n_split_grid": "i32", "num_q_heads": "i32"}
@@ -106,8 +108,12 @@ def _paged_attention_specs(dtype, d, query_tile, block_n, split):
                                        "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_bt")})
         const = {"G": 4, "BQ": rows, "BLOCK_N": block_n, "D": d, "BS": page, "SPLIT": split,
                  "PARTIAL": partial, "UPCAST": False, "PRECISION": "ieee" if dtype == "fp32" else "tf32", "AHEAD": partial,
-                 "ON_M": rows >= query_tile["rows_on_m_from"], "RUN_IN_MEMORY": not partial}
+                 "ON_M": rows >= query_tile["rows_on_m_from"], "RUN_IN_MEMORY": not partial, "TMA": tma}
+        if not tma:
+            const.update(KD=None, VD=None)
         sig.update({n: "constexpr" for n in const})
+        if tma:
+            sig.update({n: f"tensordesc<{dtype}[{block_n}, {d}]>" for n in ("KD", "VD")})
         stages = query_tile["decode_stages"] if partial else query_tile["num_stages"]  # as the launcher picks
         options = {"num_warps": query_tile["num_warps"], "num_stages": stages}
         specs.append((f"paged_attention_{dtype}_d{d}_{'partial' if partial else 'fold'}_page{page}", fn, sig, const,
@@ -178,7 +184,8 @@ def _atomic_control(x_ptr, out_ptr):
 
 
 def _report(ptx):
-    return {"float_atomics": _float_atomics(ptx)[:3], "cp_async": "cp.async" in ptx, "wgmma": "wgmma" in ptx}
+    return {"float_atomics": _float_atomics(ptx)[:3], "cp_async": "cp.async" in ptx, "wgmma": "wgmma" in ptx,
+            "tma": "cp.async.bulk.tensor" in ptx}
 
 
 def main():

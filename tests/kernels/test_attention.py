@@ -32,7 +32,10 @@ class World:
     scale: float
 
 
-def make_world(lens, hq, hkv, d, block_size, dtype=torch.bfloat16, seed=0, device="cpu") -> World:
+def make_world(lens, hq, hkv, d, block_size, dtype=torch.bfloat16, seed=0, device="cpu",
+               stale: float | None = None) -> World:
+    """Sequences of `lens` tokens in scattered pages; `stale`: what every slot that holds no key reads (a reused
+    page's old keys, NaN at worst), which no output may depend on."""
     gen = torch.Generator().manual_seed(seed)
     total = sum(lens)
     k = torch.randn(total, hkv, d, generator=gen).to(dtype).to(device)
@@ -40,6 +43,9 @@ def make_world(lens, hq, hkv, d, block_size, dtype=torch.bfloat16, seed=0, devic
     q = torch.randn(total, hq, d, generator=gen).to(dtype).to(device)
     n_blocks = sum(-(-n // block_size) for n in lens) + 2
     (k_cache, v_cache), = allocate_kv_cache(1, n_blocks, block_size, hkv, d, dtype, device)
+    if stale is not None:
+        k_cache.fill_(stale)
+        v_cache.fill_(stale)
     order = torch.randperm(n_blocks, generator=gen).tolist()  # scattered pages: the table, not adjacency, orders keys
     tables, at = [], 0
     for n in lens:

@@ -51,13 +51,18 @@ def test_matmul_configs_use_tensor_cores_and_a_pipeline(audit):
 
 def test_paged_attention_pipelines_its_loads_and_uses_wgmma(audit):
     # Bits and speed: below wgmma (mma.sync, at 2 warps) rows come out with other bits (kernels/configs.py,
-    # attention.query_tile), and without cp.async the K/V loads do not overlap the arithmetic. fp32 runs exact
+    # attention.query_tile), and without cp.async or TMA the K/V loads do not overlap the arithmetic. fp32 runs exact
     # products without tensor cores.
     names = [n for n in audit if n.startswith("attention paged_attention") and "fp32" not in n]
     assert len(names) == 16, names  # 2 dtypes x 2 head dims x fold/partial x 2 page forms
     for name in names:
         assert audit[name]["wgmma"], f"{name}: no wgmma"
-        assert audit[name]["cp_async"], f"{name}: K/V loads not pipelined through cp.async"
+        # 16-token pages gather key by key through cp.async; pages of whole KV tiles copy each tile through TMA.
+        if name.endswith("_page16"):
+            assert audit[name]["cp_async"], f"{name}: K/V loads not pipelined through cp.async"
+            assert not audit[name]["tma"], f"{name}: TMA copies where pages split a tile"
+        else:
+            assert audit[name]["tma"], f"{name}: K/V tiles not copied through TMA"
     # The controls: the same kernel at 2 warps (mma.sync) and without the alignment (no cp.async) are seen.
     assert not audit["control: paged attention at 2 warps"]["wgmma"]
     assert not audit["control: paged attention unaligned"]["cp_async"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from samebits.arith import cdiv
 from samebits.kernels.common import interpreting, next_pow2
@@ -62,12 +63,35 @@ def _tile_blocks(bt_row, n0, last, BLOCK_N: tl.constexpr, BS: tl.constexpr, MASK
 
 
 @triton.jit
-def _tile_loads(K, V, blk32, n0, last, h, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+def _tile_loads(K, V, KD, VD, blk32, n0, last, h, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                 BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, MASKED: tl.constexpr,
-                ON_M: tl.constexpr):
-    # K [BN, D] and V ([BN, D] for rows on M, V^T [D, BN] for rows on N) of keys n0..n0+BLOCK_N-1 gathered via their
-    # block ids blk32 (_tile_blocks); keys past `last` read as 0 (no memory traffic), and every key of a tile is
-    # either read or beyond every row's reach.
+                ON_M: tl.constexpr, TMA: tl.constexpr):
+    # K [BN, D] and V ([BN, D] for rows on M, V^T [D, BN] for rows on N) of keys n0..n0+BLOCK_N-1; every key of a
+    # tile is either read or beyond every row's reach. TMA (pages of whole tiles): the tile through the caches'
+    # descriptors KD/VD ([NB * BS, Hkv * D]), one copy each and no address arithmetic per key. A copy's box cannot
+    # mask keys, so a masked tile's keys past `last` hold whatever their slots hold (a reused page's old keys, NaN at
+    # worst): V's are zeroed (0 * NaN would reach the output), K's only reach scores that the causal mask replaces.
+    # Else gathered (_tile_gather). The same values either way.
+    if TMA:
+        r0 = blk32 * BS + n0 % BS
+        k = KD.load([r0, h * D])
+        v = VD.load([r0, h * D])
+        if MASKED:
+            v = tl.where((n0 + tl.arange(0, BLOCK_N) <= last)[:, None], v, 0.0)
+        if not ON_M:
+            v = tl.trans(v)
+    else:
+        k, v = _tile_gather(K, V, blk32, n0, last, h, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                            stride_vh, BLOCK_N, D, BS, MASKED, ON_M)
+    return k, v
+
+
+@triton.jit
+def _tile_gather(K, V, blk32, n0, last, h, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                 BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, MASKED: tl.constexpr,
+                 ON_M: tl.constexpr):
+    # Through the block ids blk32 (_tile_blocks); keys past `last` read as 0 (no memory traffic), and every key of a
+    # tile is either read or beyond every row's reach.
     n = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     blk = blk32.to(tl.int64)
@@ -169,26 +193,26 @@ def _fold(m_r, l_r, acc_r, m_s, l_s, acc_s, live, ON_M: tl.constexpr):
 
 
 @triton.jit
-def _fold_tiles(q, m, l2, acc, ones, blk, K, V, bt_row, lo, hi, last, pos, h, qk_scale,
+def _fold_tiles(q, m, l2, acc, ones, blk, K, V, KD, VD, bt_row, lo, hi, last, pos, h, qk_scale,
                 stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                 BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-                AHEAD: tl.constexpr, MASKED: tl.constexpr, ON_M: tl.constexpr):
+                AHEAD: tl.constexpr, MASKED: tl.constexpr, ON_M: tl.constexpr, TMA: tl.constexpr):
     # Keys lo..hi-1 folded tile by tile in order. AHEAD: blk holds tile lo's block ids and each iteration loads the
     # next tile's (masked: it may pass `last`), returned for the next range; otherwise each tile loads its own and blk
     # passes through. The loads and the arithmetic are the same either way, and so are the bits.
     if AHEAD:
         for n0 in range(lo, hi, BLOCK_N):
             nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS, True)
-            k, v = _tile_loads(K, V, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
-                               stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, True, ON_M)
+            k, v = _tile_loads(K, V, KD, VD, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
+                               stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, MASKED or not TMA, ON_M, TMA)
             m, l2, acc = _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N, UPCAST, PRECISION, MASKED,
                                     ON_M)
             blk = nxt
     else:
         for n0 in range(lo, hi, BLOCK_N):
             ids = _tile_blocks(bt_row, n0, last, BLOCK_N, BS, MASKED)
-            k, v = _tile_loads(K, V, ids, n0, last, h, stride_kb, stride_ks, stride_kh,
-                               stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, MASKED, ON_M)
+            k, v = _tile_loads(K, V, KD, VD, ids, n0, last, h, stride_kb, stride_ks, stride_kh,
+                               stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, MASKED, ON_M, TMA)
             m, l2, acc = _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N, UPCAST, PRECISION, MASKED,
                                     ON_M)
     return m, l2, acc, blk
@@ -248,12 +272,12 @@ def _store_rows(O, t_idx, qh, stride_ot, stride_oh, acc, l, row_ok, D: tl.conste
 
 @triton.jit
 def _paged_attention_kernel(
-        Q, K, V, O, PM, PL, PACC, RUN, cu_seqlens_q, context_lens, block_tables, qk_scale, n_split_grid,
+        Q, K, V, KD, VD, O, PM, PL, PACC, RUN, cu_seqlens_q, context_lens, block_tables, qk_scale, n_split_grid,
         num_q_heads, stride_qt, stride_qh, stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
         G: tl.constexpr, BQ: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
         SPLIT: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-        AHEAD: tl.constexpr, ON_M: tl.constexpr, RUN_IN_MEMORY: tl.constexpr):
+        AHEAD: tl.constexpr, ON_M: tl.constexpr, RUN_IN_MEMORY: tl.constexpr, TMA: tl.constexpr):
     # grid (query tiles, B, Hkv * n_split_grid). PARTIAL: split `sid` only, (m, l, acc) to PM/PL [T, Hq, S] and
     # PACC [T, Hq, S, D]; otherwise every split folded in order into O [T, Hq, D]. AHEAD (decode tiles): block ids a
     # tile ahead, so the K/V copies never wait on the block table (_fold_tiles; tests/kernels/triton/test_attention.py).
@@ -298,12 +322,12 @@ def _paged_attention_kernel(
             kv_hi = tl.minimum(kv_lo + SPLIT, last + 1)
             full_hi = tl.minimum(kv_lo + tl.maximum(first_pos + 1 - kv_lo, 0) // BLOCK_N * BLOCK_N, kv_hi)
             blk = _tile_blocks(bt_row, kv_lo, last, BLOCK_N, BS, True)  # AHEAD's first ids; else unused, dropped
-            m, l2, acc, blk = _fold_tiles(q, m, l20, acc0, ones, blk, K, V, bt_row, kv_lo, full_hi, last, pos, h,
-                                          qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                          BLOCK_N, D, BS, UPCAST, PRECISION, AHEAD, False, ON_M)
-            m, l2, acc, blk = _fold_tiles(q, m, l2, acc, ones, blk, K, V, bt_row, full_hi, kv_hi, last, pos, h,
-                                          qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                          BLOCK_N, D, BS, UPCAST, PRECISION, AHEAD, True, ON_M)
+            m, l2, acc, blk = _fold_tiles(q, m, l20, acc0, ones, blk, K, V, KD, VD, bt_row, kv_lo, full_hi, last,
+                                          pos, h, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                          BLOCK_N, D, BS, UPCAST, PRECISION, AHEAD, False, ON_M, TMA)
+            m, l2, acc, blk = _fold_tiles(q, m, l2, acc, ones, blk, K, V, KD, VD, bt_row, full_hi, kv_hi, last,
+                                          pos, h, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                          BLOCK_N, D, BS, UPCAST, PRECISION, AHEAD, True, ON_M, TMA)
             l = _row_sums(l2, ON_M)
             if PARTIAL:
                 ok = row_ok & (pos >= kv_lo)
@@ -360,6 +384,12 @@ def _check_attention(q, k_cache, v_cache, meta) -> None:
     assert meta.block_tables.stride(1) == 1, f"{what}: block table rows must be contiguous"
 
 
+# Pages that hold whole KV tiles load them through TMA descriptors (_tile_loads): on the H200, decode 1-5 % faster
+# than the gather from batch 32 and prefill 10-12 % at 4096-8192 tokens, 5 % slower at 2048 (docs/BENCHMARKS.md
+# section 3). A module switch so that probes can time the gather beside it (scripts/attention_variants_probe.py).
+# The same bits either way.
+TMA_LOADS = True
+
 # Decode launches of at least this many (sequence, KV head) programs fold up to FOLD_SPLITS splits in each program
 # instead of running them in parallel and merging: on the H200, folded 2-split decode took 71.1 / 138.8 / 525.6 us
 # against 77.7 / 146.1 / 542.2 parallel at batch 32 / 64 / 256 x 2048 tokens, and lost below 32 x 8 programs (8 x 2048:
@@ -406,6 +436,11 @@ def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bo
     return out
 
 
+def _descriptor(cache: torch.Tensor, d: int) -> TensorDescriptor:
+    """A [NB, BS, Hkv, D] cache as [NB * BS, Hkv * D] rows, copied a KV tile of one head at a time."""
+    return TensorDescriptor.from_tensor(cache.view(-1, cache.shape[2] * d), [BLOCK_N, d])
+
+
 def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool | None, rows: int | None,
             ahead: bool | None) -> None:
     """The kernel over meta's sequences, whose new tokens are rows of q, into the same rows of out."""
@@ -431,12 +466,15 @@ def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool 
     upcast = interpreting()  # the interpreter's bf16/fp16 arithmetic is not the GPU's: compute in fp32 there
     precision = "ieee" if upcast or q.dtype == torch.float32 else "tf32"  # fp32 operands: exact products, never tf32
     grid = (cdiv(meta.max_query_len, tokens_per_tile), meta.num_seqs, h_kv * n_split_grid)
+    tma = TMA_LOADS and bs % BLOCK_N == 0
+    kd, vd = (_descriptor(k_cache, d), _descriptor(v_cache, d)) if tma else (None, None)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out, pm, pl, pacc, run, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
+        q, k_cache, v_cache, kd, vd, out, pm, pl, pacc, run, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
         float(scale) * LOG2E, n_split_grid, hq, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
         G=g, BQ=rows, BLOCK_N=BLOCK_N, D=d, BS=bs, SPLIT=SPLIT, PARTIAL=parallel_splits,
-        UPCAST=upcast, PRECISION=precision, AHEAD=ahead, ON_M=on_m, RUN_IN_MEMORY=run_in_memory, num_warps=NUM_WARPS,
+        UPCAST=upcast, PRECISION=precision, AHEAD=ahead, ON_M=on_m, RUN_IN_MEMORY=run_in_memory, TMA=tma,
+        num_warps=NUM_WARPS,
         num_stages=DECODE_STAGES if ahead else NUM_STAGES, enable_fp_fusion=FP_FUSION)
     if parallel_splits:
         _merge_splits_kernel[grid[:2] + (h_kv,)](

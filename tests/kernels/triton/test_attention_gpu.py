@@ -26,8 +26,8 @@ def lengths(seed: int) -> list[int]:
     return [1, 2, 63, 64, 65, 255, 256, 257, 3000] + [rng.randint(1, 3000) for _ in range(7)]
 
 
-def world_for(d, hq, hkv, dtype, block_size=16, seed=0):
-    return make_world(lengths(seed), hq, hkv, d, block_size, dtype=dtype, seed=seed, device="cuda")
+def world_for(d, hq, hkv, dtype, block_size=16, seed=0, stale=None):
+    return make_world(lengths(seed), hq, hkv, d, block_size, dtype=dtype, seed=seed, device="cuda", stale=stale)
 
 
 def pa(q, k_cache, v_cache, meta, scale, parallel_splits=None, ahead=None, split_decodes=None):
@@ -165,20 +165,22 @@ def test_every_prefill_tile_gives_the_committed_bits(rows, warps, stages, monkey
     assert not mismatch(torch.cat(run(world, reqs, pa)), committed).same
 
 
-@pytest.mark.parametrize("bs", [32, 64, 128, 256])
-def test_page_size_does_not_change_bits(bs, monkeypatch):
-    """Pages of 64 tokens and more hold whole KV tiles and take one block id per tile (_tile_blocks), smaller ones
-    gather key by key: prefill and decode at every position (both split strategies) against 16-token pages."""
+@pytest.mark.parametrize("bs,tma", [(32, True), (64, True), (64, False), (128, True), (256, True)])
+def test_page_size_does_not_change_bits(bs, tma, monkeypatch):
+    """Pages of 64 tokens and more hold whole KV tiles and take one block id per tile (_tile_blocks), their unmasked
+    tiles through TMA descriptors (or gathered, TMA_LOADS off); smaller ones gather key by key: prefill and decode at
+    every position (both split strategies) against 16-token pages, with NaN in every slot that holds no key."""
+    from samebits.kernels.triton import attention
+
+    monkeypatch.setattr(attention, "TMA_LOADS", tma)
     ref = torch.cat(full_prefill(world_for(128, 32, 8, torch.bfloat16, block_size=16, seed=9), pa))
-    world = world_for(128, 32, 8, torch.bfloat16, block_size=bs, seed=9)
+    world = world_for(128, 32, 8, torch.bfloat16, block_size=bs, seed=9, stale=float("nan"))
     assert_same_bits(torch.cat(full_prefill(world, pa)), ref, f"prefill, page {bs}")
     reqs = [(s, t + 1, 1) for s, q in enumerate(world.q) for t in range(len(q))]
     for parallel in (False, True):
         got = torch.cat(run(world, reqs, pa, parallel_splits=parallel))
         assert_same_bits(got, ref, f"decode at every position, page {bs}, parallel splits {parallel}")
     # Negative control: the same comparison sees another fold order (512-token splits).
-    from samebits.kernels.triton import attention
-
     monkeypatch.setattr(attention, "SPLIT", 512)
     assert not mismatch(torch.cat(full_prefill(world, pa)), ref).same
 
