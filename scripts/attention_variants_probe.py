@@ -9,7 +9,7 @@ the bits on purpose; its launches must still agree), and each is timed (decode i
 same data, so a change's speed-up is a ratio from one run. Variants set the launch's stages, rows, the
 block-ids-ahead loop (`_AHEAD`), the split strategy (`_PARALLEL`), the grid (`_GRID`) or module switches. Last, per
 warp count and switches, whether prefill tiles and decode agree bit for bit, and the prefill times. The variants of
-the last run and what they measured: docs/BENCHMARKS.md §3 and docs/results/attention_variants.h200.json.
+the last run and what they measured: docs/BENCHMARKS.md §3 and docs/results/attention_variants.h200.tma.json.
 """
 from __future__ import annotations
 
@@ -40,12 +40,13 @@ PREFILL = [1024, 2048, 4096, 8192]
 # "_PARALLEL": the launcher's parallel_splits. SPLIT 256 changes bits: with splits folded at large batches (no merge)
 # and parallel at small ones, a smaller split may win at both ends (docs/BENCHMARKS.md §3).
 DECODE_VARIANTS = [("before", "before", None, None, 4), ("after", "after", None, None, 4),
-                   ("after graph", "after", None, None, 4, {"_GRID": 8192})]
+                   ("after gather", "after", None, None, 4, {"TMA_LOADS": False}),
+                   ("after s2", "after", None, 2, 4)]
 # Prefill tiles with the rows on M (kernels/triton/attention.py): 64 rows at 4 warps (one warpgroup) or 8 (the N side
 # shared by two), 128 rows at 8 (two warpgroups of 64 rows), 2 or 3 stages; the same bits by the MMA-roles probe.
 PREFILL_VARIANTS = [("before r64", "before", 64, None, 4), ("after r64", "after", 64, 2, 4),
-                    ("after r64 s3", "after", 64, 3, 4), ("after r64 w8", "after", 64, 2, 8),
-                    ("after r128 w8", "after", 128, 2, 8), ("after r128 w8 s3", "after", 128, 3, 8)]
+                    ("after r64 gather", "after", 64, 2, 4, {"TMA_LOADS": False}),
+                    ("after r64 s1", "after", 64, 1, 4), ("after r128 w8", "after", 128, 2, 8)]
 # Mixed batches: `batch` decodes at `ctx`, then one `ctx`-token prompt; eager, as an engine runs them.
 MIXED = [(64, 512), (192, 512), (192, 2048)]
 MIXED_VARIANTS = [("before", "before", {}), ("after", "after", {}), ("after one launch", "after", {"split_decodes": False})]
