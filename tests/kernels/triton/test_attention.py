@@ -55,19 +55,19 @@ def test_triton_invariants(d, hq, hkv, lens):
     assert_same_bits(torch.cat(full_prefill(world, tri)), torch.cat(full), "repeat run")
 
 
-@pytest.mark.parametrize("tma", [True, False])
-def test_one_page_tiles_equal_gathered_tiles(tma, monkeypatch):
-    """Pages of a whole KV tile or more take one block id per tile (_tile_blocks), and their unmasked tiles load
-    through TMA descriptors (or gathered, TMA_LOADS off); their bits are those of 16-token pages gathered key by key:
-    prefill and decode steps, splits folded and parallel, with NaN in every slot that holds no key. Negative control:
-    the same comparison sees another fold order."""
+@pytest.mark.parametrize("tma,dtype", [(True, torch.bfloat16), (False, torch.bfloat16), (True, torch.float32)])
+def test_one_page_tiles_equal_gathered_tiles(tma, dtype, monkeypatch):
+    """Pages of a whole KV tile or more take one block id per tile (_tile_blocks) and load their tiles through TMA
+    descriptors (or gathered, TMA_LOADS off); their bits are those of 16-token pages gathered key by key: prefill and
+    decode steps, splits folded and parallel, with NaN in every slot that holds no key. Negative control: the same
+    comparison sees another fold order."""
     monkeypatch.setattr(triton_ops, "TMA_LOADS", tma)
     monkeypatch.setattr(triton_ops, "SPLIT", 128)  # several splits at interpreter-sized lengths
     lens = [1, 70, 200]
-    full = full_prefill(make_world(lens, 8, 2, 64, 16, seed=5, device=DEVICE), tri)
+    full = full_prefill(make_world(lens, 8, 2, 64, 16, dtype=dtype, seed=5, device=DEVICE), tri)
     picks = [(s, t) for s, n in enumerate(lens) for t in sorted({0, n // 2, n - 1})]
     for bs in (64, 128):
-        world = make_world(lens, 8, 2, 64, bs, seed=5, device=DEVICE, stale=float("nan"))
+        world = make_world(lens, 8, 2, 64, bs, dtype=dtype, seed=5, device=DEVICE, stale=float("nan"))
         assert_same_bits(torch.cat(full_prefill(world, tri)), torch.cat(full), f"prefill, page {bs}")
         for parallel in (False, True):
             outs = run(world, [(s, t + 1, 1) for s, t in picks], tri, parallel_splits=parallel)

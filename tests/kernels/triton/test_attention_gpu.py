@@ -167,8 +167,8 @@ def test_every_prefill_tile_gives_the_committed_bits(rows, warps, stages, monkey
 
 @pytest.mark.parametrize("bs,tma", [(32, True), (64, True), (64, False), (128, True), (256, True)])
 def test_page_size_does_not_change_bits(bs, tma, monkeypatch):
-    """Pages of 64 tokens and more hold whole KV tiles and take one block id per tile (_tile_blocks), their unmasked
-    tiles through TMA descriptors (or gathered, TMA_LOADS off); smaller ones gather key by key: prefill and decode at
+    """Pages of 64 tokens and more hold whole KV tiles and take one block id per tile (_tile_blocks), their tiles
+    through TMA descriptors (or gathered, TMA_LOADS off); smaller ones gather key by key: prefill and decode at
     every position (both split strategies) against 16-token pages, with NaN in every slot that holds no key."""
     from samebits.kernels.triton import attention
 
