@@ -24,7 +24,8 @@ from samebits.kernels.triton import attention as at
 def main() -> None:
     kind, batch, ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     assert kind in ("decode", "prefill"), f"kind: decode or prefill, not {kind!r}"
-    q, _, _, k_cache, v_cache, meta = _paged(batch, ctx, ctx if kind == "prefill" else 1, torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(1)
+    q, _, _, k_cache, v_cache, meta = _paged(batch, ctx, ctx if kind == "prefill" else 1, gen)
     for _ in range(3):
         at.paged_attention(q, k_cache, v_cache, meta, D ** -0.5)
     torch.cuda.synchronize()

@@ -96,7 +96,7 @@ def _paged_attention_specs(dtype, d, query_tile, block_n, split):
     fn = _jit("attention", "_paged_attention_kernel")
     specs = []
     # Pages of 16 tokens gather key by key; pages of whole KV tiles (CUDA's default) load one block id per tile and
-    # their unmasked tiles through TMA descriptors, where the launcher passes them.
+    # copy every tile through the TMA descriptors the launcher passes.
     for (partial, rows), page in itertools.product(((False, query_tile["rows"]), (True, query_tile["decode_rows"])),
                                                    (16, block_n)):
         ptr = "*" + dtype

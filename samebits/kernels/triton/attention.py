@@ -325,11 +325,11 @@ def _paged_attention_kernel(
             full_hi = tl.minimum(kv_lo + tl.maximum(first_pos + 1 - kv_lo, 0) // BLOCK_N * BLOCK_N, kv_hi)
             blk = _tile_blocks(bt_row, kv_lo, last, BLOCK_N, BS, True)  # AHEAD's first ids; else unused, dropped
             m, l2, acc, blk = _fold_tiles(q, m, l20, acc0, ones, blk, K, V, KD, VD, bt_row, kv_lo, full_hi, last,
-                                          pos, h, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                          BLOCK_N, D, BS, UPCAST, PRECISION, AHEAD, False, ON_M, TMA)
+                                          pos, h, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                          stride_vh, BLOCK_N, D, BS, UPCAST, PRECISION, AHEAD, False, ON_M, TMA)
             m, l2, acc, blk = _fold_tiles(q, m, l2, acc, ones, blk, K, V, KD, VD, bt_row, full_hi, kv_hi, last,
-                                          pos, h, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                          BLOCK_N, D, BS, UPCAST, PRECISION, AHEAD, True, ON_M, TMA_MASKED)
+                                          pos, h, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                          stride_vh, BLOCK_N, D, BS, UPCAST, PRECISION, AHEAD, True, ON_M, TMA_MASKED)
             l = _row_sums(l2, ON_M)
             if PARTIAL:
                 ok = row_ok & (pos >= kv_lo)
