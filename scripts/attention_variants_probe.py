@@ -46,7 +46,6 @@ DECODE_VARIANTS = [("before", "before", None, None, 4), ("after", "after", None,
 # shared by two), 128 rows at 8 (two warpgroups of 64 rows), 2 or 3 stages; the same bits by the MMA-roles probe.
 PREFILL_VARIANTS = [("before r64", "before", 64, None, 4), ("after r64", "after", 64, 2, 4),
                     ("after r64 gather", "after", 64, 2, 4, {"TMA_LOADS": False}),
-                    ("after r64 diag gather", "after", 64, 2, 4, {"TMA_PREFILL_MASKED": False}),
                     ("after r64 s1", "after", 64, 1, 4), ("after r128 w8", "after", 128, 2, 8)]
 # Mixed batches: `batch` decodes at `ctx`, then one `ctx`-token prompt; eager, as an engine runs them.
 MIXED = [(64, 512), (192, 512), (192, 2048)]

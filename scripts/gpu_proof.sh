@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU proof in one call (device machine: image python, PYTHONPATH=., no install except carried wheels).
-# Usage: bash scripts/gpu_proof.sh [tests|probe|kernels|attention|pages|repro-2g|variants|variants-prefill|mma-roles|e2e|server|server-process|steps|mixed|rl|tp1 ...];
+# Usage: bash scripts/gpu_proof.sh [tests|tests-ids|probe|kernels|attention|pages|repro-2g|variants|variants-prefill|mma-roles|e2e|server|server-process|steps|mixed|rl|tp1 ...];
 # results under $OUT. With no step named it runs tests probe kernels attention e2e (~25 min): name the steps.
-# variants needs scripts/_attention_before.py (untracked, it travels): git show main:samebits/kernels/triton/attention.py
+# tests-ids runs the GPU tests named in scripts/_gpu_test_ids.txt (untracked, it travels: a run's tail after a time limit).
+# variants needs scripts/_attention_before.py (untracked, it travels): git show main:samebits/kernels/triton/attention.py;
+# VARIANTS_ONLY=prefill,... picks the probe's parts.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 OUT=${OUT:-out}
@@ -42,12 +44,14 @@ for step in $steps; do
   echo "=== $step ($(date +%T))"
   case $step in
     tests) make test-gpu PYTEST_ARGS="-p no:cacheprovider --durations=20" 2>&1 | tee "$OUT/gpu_tests.log" | tail -60 ;;
+    tests-ids) python3 -m pytest -q -p no:cacheprovider --durations=10 $(cat scripts/_gpu_test_ids.txt) 2>&1 \
+      | tee "$OUT/gpu_tests_ids.log" | tail -40 ;;
     probe) python3 -m samebits probe --device cuda --full --json "$OUT/probe.h200.json" --plot "$OUT/probe.h200.png" ;;
     kernels) python3 benchmarks/kernels.py --out "$OUT" ;;
     attention) python3 benchmarks/attention.py --out "$OUT" ;;
     pages) python3 scripts/attention_pages_probe.py "$OUT" ;;
     repro-2g) python3 scripts/attention_2g_repro.py; compute-sanitizer --tool memcheck python3 scripts/attention_2g_repro.py ;;
-    variants) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py ;;
+    variants) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py ${VARIANTS_ONLY:+--only "$VARIANTS_ONLY"} ;;
     variants-prefill) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py --only prefill,family ;;
     mma-roles) python3 scripts/mma_roles_probe.py "$OUT" ;;
     e2e) python3 benchmarks/e2e.py --out "$OUT" --warm ;;

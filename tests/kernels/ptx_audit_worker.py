@@ -108,8 +108,7 @@ def _paged_attention_specs(dtype, d, query_tile, block_n, split):
                                        "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_bt")})
         const = {"G": 4, "BQ": rows, "BLOCK_N": block_n, "D": d, "BS": page, "SPLIT": split,
                  "PARTIAL": partial, "UPCAST": False, "PRECISION": "ieee" if dtype == "fp32" else "tf32", "AHEAD": partial,
-                 "ON_M": rows >= query_tile["rows_on_m_from"], "RUN_IN_MEMORY": not partial, "TMA": tma,
-                 "TMA_MASKED": tma}
+                 "ON_M": rows >= query_tile["rows_on_m_from"], "RUN_IN_MEMORY": not partial, "TMA": tma}
         if not tma:
             const.update(KD=None, VD=None)
         sig.update({n: "constexpr" for n in const})

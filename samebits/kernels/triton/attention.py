@@ -277,13 +277,12 @@ def _paged_attention_kernel(
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
         G: tl.constexpr, BQ: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
         SPLIT: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-        AHEAD: tl.constexpr, ON_M: tl.constexpr, RUN_IN_MEMORY: tl.constexpr, TMA: tl.constexpr,
-        TMA_MASKED: tl.constexpr):
+        AHEAD: tl.constexpr, ON_M: tl.constexpr, RUN_IN_MEMORY: tl.constexpr, TMA: tl.constexpr):
     # grid (query tiles, B, Hkv * n_split_grid). PARTIAL: split `sid` only, (m, l, acc) to PM/PL [T, Hq, S] and
     # PACC [T, Hq, S, D]; otherwise every split folded in order into O [T, Hq, D]. AHEAD (decode tiles): block ids a
     # tile ahead, so the K/V copies never wait on the block table (_fold_tiles; tests/kernels/triton/test_attention.py).
-    # ON_M: the query rows on the MMA's M side (prefill tiles), else on N (decode tiles); the same bits. TMA,
-    # TMA_MASKED: the unmasked and the masked tiles copied through the descriptors KD/VD (_tile_loads).
+    # ON_M: the query rows on the MMA's M side (prefill tiles), else on N (decode tiles); the same bits. TMA: the
+    # tiles copied through the descriptors KD/VD (_tile_loads).
     # RUN_IN_MEMORY: the folded accumulator waits for the next split in RUN [T, Hq, D] fp32 rather than in registers
     # through its tile loop (a [64, 128] prefill tile would spill); a load and a store of exact fp32, the same bits.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -329,7 +328,7 @@ def _paged_attention_kernel(
                                           stride_vh, BLOCK_N, D, BS, UPCAST, PRECISION, AHEAD, False, ON_M, TMA)
             m, l2, acc, blk = _fold_tiles(q, m, l2, acc, ones, blk, K, V, KD, VD, bt_row, full_hi, kv_hi, last,
                                           pos, h, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                          stride_vh, BLOCK_N, D, BS, UPCAST, PRECISION, AHEAD, True, ON_M, TMA_MASKED)
+                                          stride_vh, BLOCK_N, D, BS, UPCAST, PRECISION, AHEAD, True, ON_M, TMA)
             l = _row_sums(l2, ON_M)
             if PARTIAL:
                 ok = row_ok & (pos >= kv_lo)
@@ -386,16 +385,11 @@ def _check_attention(q, k_cache, v_cache, meta) -> None:
     assert meta.block_tables.stride(1) == 1, f"{what}: block table rows must be contiguous"
 
 
-# Pages that hold whole KV tiles load them through TMA descriptors (_tile_loads): on the H200, decode 1-5 % faster
-# than the gather from batch 32 and prefill 10-12 % at 4096-8192 tokens, 5 % slower at 2048 (docs/BENCHMARKS.md
-# section 3). A module switch so that probes can time the gather beside it (scripts/attention_variants_probe.py).
-# The same bits either way.
+# Pages that hold whole KV tiles load them through TMA descriptors (_tile_loads), masked tiles included: on the H200,
+# decode 1-5 % faster than the gather from batch 32, prefill 8-10 % faster at 2048-8192 tokens, and 3-4 % faster than
+# prefill tiles that gather only their masked (diagonal) tiles (docs/BENCHMARKS.md section 3). A module switch so that
+# probes can time the gather beside it (scripts/attention_variants_probe.py). The same bits either way.
 TMA_LOADS = True
-# Prefill tiles copy their masked (diagonal) tiles through TMA too, zeroing V past the last key in registers on the
-# way to the MMA's B operand in shared memory; off, they gather them. A run with every masked tile gathered measured
-# prefill 2-7 % faster than the gather at 1024-8192 tokens, this form 5 % slower at 2048 and 10-12 % faster at 4096
-# and 8192 (two runs, docs/BENCHMARKS.md section 3); the two have not run side by side. The same bits either way.
-TMA_PREFILL_MASKED = True
 
 # Decode launches of at least this many (sequence, KV head) programs fold up to FOLD_SPLITS splits in each program
 # instead of running them in parallel and merging: on the H200, folded 2-split decode took 71.1 / 138.8 / 525.6 us
@@ -474,7 +468,6 @@ def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool 
     precision = "ieee" if upcast or q.dtype == torch.float32 else "tf32"  # fp32 operands: exact products, never tf32
     grid = (cdiv(meta.max_query_len, tokens_per_tile), meta.num_seqs, h_kv * n_split_grid)
     tma = TMA_LOADS and bs % BLOCK_N == 0
-    tma_masked = tma and (TMA_PREFILL_MASKED or not on_m)
     kd, vd = (_descriptor(k_cache, d), _descriptor(v_cache, d)) if tma else (None, None)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, kd, vd, out, pm, pl, pacc, run, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
@@ -482,7 +475,6 @@ def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool 
         *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
         G=g, BQ=rows, BLOCK_N=BLOCK_N, D=d, BS=bs, SPLIT=SPLIT, PARTIAL=parallel_splits,
         UPCAST=upcast, PRECISION=precision, AHEAD=ahead, ON_M=on_m, RUN_IN_MEMORY=run_in_memory, TMA=tma,
-        TMA_MASKED=tma_masked,
         num_warps=NUM_WARPS,
         num_stages=DECODE_STAGES if ahead else NUM_STAGES, enable_fp_fusion=FP_FUSION)
     if parallel_splits:

@@ -55,15 +55,13 @@ def test_triton_invariants(d, hq, hkv, lens):
     assert_same_bits(torch.cat(full_prefill(world, tri)), torch.cat(full), "repeat run")
 
 
-@pytest.mark.parametrize("tma,prefill_masked,dtype", [(True, True, torch.bfloat16), (True, False, torch.bfloat16),
-                                                     (False, True, torch.bfloat16), (True, True, torch.float32)])
-def test_one_page_tiles_equal_gathered_tiles(tma, prefill_masked, dtype, monkeypatch):
+@pytest.mark.parametrize("tma,dtype", [(True, torch.bfloat16), (False, torch.bfloat16), (True, torch.float32)])
+def test_one_page_tiles_equal_gathered_tiles(tma, dtype, monkeypatch):
     """Pages of a whole KV tile or more take one block id per tile (_tile_blocks) and load their tiles through TMA
-    descriptors (or gathered: TMA_LOADS off, and a prefill tile's masked tiles with TMA_PREFILL_MASKED off); their bits
+    descriptors (or gathered: TMA_LOADS off); their bits
     are those of 16-token pages gathered key by key: prefill and decode steps, splits folded and parallel, with NaN in
     every slot that holds no key. Negative control: the same comparison sees another fold order."""
     monkeypatch.setattr(triton_ops, "TMA_LOADS", tma)
-    monkeypatch.setattr(triton_ops, "TMA_PREFILL_MASKED", prefill_masked)
     monkeypatch.setattr(triton_ops, "SPLIT", 128)  # several splits at interpreter-sized lengths
     lens = [1, 70, 200]
     full = full_prefill(make_world(lens, 8, 2, 64, 16, dtype=dtype, seed=5, device=DEVICE), tri)

@@ -165,17 +165,14 @@ def test_every_prefill_tile_gives_the_committed_bits(rows, warps, stages, monkey
     assert not mismatch(torch.cat(run(world, reqs, pa)), committed).same
 
 
-@pytest.mark.parametrize("bs,tma,prefill_masked", [(32, True, True), (64, True, True), (64, True, False),
-                                                   (64, False, True), (128, True, True), (256, True, True)])
-def test_page_size_does_not_change_bits(bs, tma, prefill_masked, monkeypatch):
+@pytest.mark.parametrize("bs,tma", [(32, True), (64, True), (64, False), (128, True), (256, True)])
+def test_page_size_does_not_change_bits(bs, tma, monkeypatch):
     """Pages of 64 tokens and more hold whole KV tiles and take one block id per tile (_tile_blocks), their tiles
-    through TMA descriptors (or gathered: TMA_LOADS off, and a prefill tile's masked tiles with TMA_PREFILL_MASKED
-    off); smaller ones gather key by key: prefill and decode at every position (both split strategies) against
+    through TMA descriptors (or gathered: TMA_LOADS off); smaller ones gather key by key: prefill and decode at every position (both split strategies) against
     16-token pages, with NaN in every slot that holds no key."""
     from samebits.kernels.triton import attention
 
     monkeypatch.setattr(attention, "TMA_LOADS", tma)
-    monkeypatch.setattr(attention, "TMA_PREFILL_MASKED", prefill_masked)
     ref = torch.cat(full_prefill(world_for(128, 32, 8, torch.bfloat16, block_size=16, seed=9), pa))
     world = world_for(128, 32, 8, torch.bfloat16, block_size=bs, seed=9, stale=float("nan"))
     assert_same_bits(torch.cat(full_prefill(world, pa)), ref, f"prefill, page {bs}")
