@@ -28,7 +28,9 @@ from samebits.arith import cdiv, kv_slot
 from samebits.kernels.common import to_device
 from samebits.kernels.configs import TILE_CONFIGS
 
-QUERY_ROWS = TILE_CONFIGS["attention.query_tile"]["config"]["rows"]
+# A token's GQA rows must fit one query tile of every backend; the CPU's canonical block is the largest one every
+# machine admits (kernels/cpu/gemm.py), and Triton's tiles grow to the group.
+MAX_GQA_GROUP = TILE_CONFIGS["cpu_gemm"]["config"]["canonical_rows"]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -122,8 +124,8 @@ def check(q, k_cache, v_cache, meta, mode: str, head_dims: tuple[int, ...] | Non
         bad(f"q and caches must share one dtype of {_DTYPES}")
     if q.device != k_cache.device or q.device.type not in ("cpu", "cuda"):
         bad("q and caches must be on one cpu or cuda device")
-    if q.shape[1] // k_cache.shape[2] > QUERY_ROWS:
-        bad(f"GQA group {q.shape[1] // k_cache.shape[2]} exceeds the {QUERY_ROWS}-row query tile")
+    if q.shape[1] // k_cache.shape[2] > MAX_GQA_GROUP:
+        bad(f"GQA group {q.shape[1] // k_cache.shape[2]} exceeds the {MAX_GQA_GROUP}-row query tile")
     if head_dims and q.shape[2] not in head_dims:
         bad(f"head_dim {q.shape[2]} has no fixed Triton tile (supported: {head_dims})")
     if meta.cu_seqlens_q.shape[0] != meta.num_seqs + 1:

@@ -18,6 +18,7 @@ from samebits.kernels.attention import (
     paged_attention,
     paged_attention_reference,
 )
+from samebits.kernels.cpu import gemm as cpu_gemm
 from samebits.kernels.cpu.attention import paged_attention_cpu
 from samebits.kernels.kv_cache import allocate_kv_cache, write_kv
 
@@ -174,6 +175,19 @@ def decode_specialised_tile(q, k_cache, v_cache, meta, scale):
     """A deliberately prefill/decode-variant kernel: decode-only batches use a smaller KV tile."""
     tile = 32 if meta.max_query_len == 1 else 64
     return paged_attention_cpu(q, k_cache, v_cache, meta, scale, tile=tile)
+
+
+def test_a_cpu_that_admits_only_the_canonical_block_gives_the_same_bits(monkeypatch):
+    """Which row blocks a machine's MKL admits varies (an Intel Xeon at ATen's AVX2 capability admitted none above the
+    canonical 64 rows): the CPU path cuts its query chunks to the largest admitted block, and every row keeps its
+    bits. Negative control: the same comparison sees another KV tile."""
+    world = make_world([300, 77], 8, 2, 64, 16, seed=31)  # chunks of up to 256 rows = 64 tokens of GQA 4
+    reqs = [(0, 300, 300), (1, 77, 77), (1, 60, 1)]
+    every = run(world, reqs, paged_attention_cpu)
+    monkeypatch.setattr(cpu_gemm, "verdict", lambda k, n: cpu_gemm.Verdict((cpu_gemm.CANONICAL,), True))
+    for got, want in zip(run(world, reqs, paged_attention_cpu), every):
+        assert_same_bits(got, want, "canonical block only")
+    assert not mismatch(run(world, reqs[:1], paged_attention_cpu, tile=64)[0], every[0]).same
 
 
 def test_negative_control_batch_dependent_tile_is_caught():

@@ -23,7 +23,7 @@ import torch
 from samebits.arith import cdiv
 from samebits.kernels.common import next_pow2
 from samebits.kernels.configs import TILE_CONFIGS
-from samebits.kernels.cpu.gemm import BLOCK_ROWS, block_for, entry_gemm
+from samebits.kernels.cpu.gemm import BLOCK_ROWS, block_for, entry_gemm, largest_block
 
 _CFG = TILE_CONFIGS["attention.cpu"]["config"]
 QUERY_ROWS = _CFG["query_rows"]
@@ -127,6 +127,7 @@ def paged_attention_cpu(q, k_cache, v_cache, meta, scale: float, *, rows: int = 
     Every entry gets its canonical bits either way, so the two agree (tests/kernels/test_attention.py)."""
     h_kv = k_cache.shape[2]
     g = q.shape[1] // h_kv
+    rows = largest_block(_shapes(q.shape[2], tile), _row_sizes(rows))  # chunks of a block this machine admits
     out = torch.empty_like(q)
     tables, ctx = meta.block_tables.cpu(), meta.context_lens.cpu().long()
     ctx_list = ctx.tolist()

@@ -116,13 +116,24 @@ def pick_rows(m: int, admitted: tuple[int, ...]) -> list[int]:
     return blocks
 
 
-def block_for(shapes: list[tuple[int, int]], m: int, rows: tuple[int, ...]) -> int:
-    """The smallest block size among `rows` that holds m rows and is admitted for every (K, N) in `shapes`: callers
-    that make several GEMMs of one block of rows. The canonical size always is."""
+def _admitted(shapes: list[tuple[int, int]], rows: tuple[int, ...]) -> set[int]:
+    """The sizes among `rows` admitted for every (K, N) in `shapes`, and the canonical size, which always is."""
     admitted = set(rows)
     for k, n in shapes:
         admitted &= set(verdict(k, n).rows)
-    return min(r for r in admitted | {CANONICAL} if r >= m)
+    return admitted | {CANONICAL}
+
+
+def block_for(shapes: list[tuple[int, int]], m: int, rows: tuple[int, ...]) -> int:
+    """The smallest admitted block size (_admitted) that holds m rows: callers that make several GEMMs of one block
+    of rows. m must be at most largest_block(shapes, rows)."""
+    return min(r for r in _admitted(shapes, rows) if r >= m)
+
+
+def largest_block(shapes: list[tuple[int, int]], rows: tuple[int, ...]) -> int:
+    """The largest admitted block size (_admitted): which sizes a machine admits depends on its MKL kernels (an Intel
+    Xeon at ATen's AVX2 capability admitted none above the canonical 64 rows), so callers cut their rows to it."""
+    return max((r for r in _admitted(shapes, rows) if r <= max(rows)), default=CANONICAL)
 
 
 def blocked_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
