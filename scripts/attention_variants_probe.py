@@ -6,10 +6,10 @@
 The before file is another copy of samebits/kernels/triton/attention.py (main's, when the tree holds a change to
 it). Each variant's output is compared bit for bit with the first variant of its own kernel (a change may change
 the bits on purpose; its launches must still agree), and each is timed (decode in a CUDA graph) beside SDPA on the
-same data, so a change's speed-up is a ratio from one run. Variants set the launch's stages, rows, the
-block-ids-ahead loop (`_AHEAD`), the split strategy (`_PARALLEL`), the grid (`_GRID`) or module switches. Last, per
-warp count and switches, whether prefill tiles and decode agree bit for bit, and the prefill times. The variants of
-the last run and what they measured: docs/BENCHMARKS.md §3 and docs/results/attention_variants.h200.tma.json.
+same data, so a change's speed-up is a ratio from one run. Variants set the launch's stages, rows, warps (of the
+tiles timed: decode or prefill), the split strategy (`_PARALLEL`), the grid (`_GRID`) or module switches. Last, per
+warp counts, whether prefill tiles and decode agree bit for bit, and the prefill times. The variants of the last
+run and what they measured: docs/BENCHMARKS.md §3 and docs/results/attention_variants.h200.r128.json.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from samebits.kernels.triton import attention as at
 
 DECODE = [(1, 512), (1, 8192), (8, 2048), (32, 2048), (64, 512), (64, 2048), (256, 512), (256, 2048)]
 PREFILL = [1024, 2048, 4096, 8192]
-# (name, module, rows or None, stages or None (the launcher's), num_warps[, switches]); a variant whose module
+# (name, module, rows or None, stages or None (the launcher's), warps[, switches]); a variant whose module
 # attribute the module lacks (a switch of a pending change that this tree does not have) is skipped.
 # "_GRID": the launch's metadata says max_context_len = that, as a CUDA graph's does (engine/cuda_graphs.py);
 # "_PARALLEL": the launcher's parallel_splits. SPLIT 256 changes bits: with splits folded at large batches (no merge)
@@ -43,10 +43,9 @@ DECODE_VARIANTS = [("before", "before", None, None, 4), ("after", "after", None,
                    ("after gather", "after", None, None, 4, {"TMA_LOADS": False}),
                    ("after s2", "after", None, 2, 4)]
 # Prefill tiles with the rows on M (kernels/triton/attention.py): 64 rows at 4 warps (one warpgroup) or 8 (the N side
-# shared by two), 128 rows at 8 (two warpgroups of 64 rows), 2 or 3 stages; the same bits by the MMA-roles probe.
-PREFILL_VARIANTS = [("before r64", "before", 64, None, 4), ("after r64", "after", 64, 2, 4),
-                    ("after r64 gather", "after", 64, 2, 4, {"TMA_LOADS": False}),
-                    ("after r64 s1", "after", 64, 1, 4), ("after r128 w8", "after", 128, 2, 8)]
+# shared by two), 128 rows at 8 (two warpgroups of 64 rows), 2 to 4 stages; the same bits by the MMA-roles probe.
+PREFILL_VARIANTS = [("before r64 w4 s2", "before", 64, 2, 4), ("after r128 w8 s3", "after", 128, 3, 8),
+                    ("after r64 w4 s2", "after", 64, 2, 4), ("after r128 w8 s4", "after", 128, 4, 8)]
 # Mixed batches: `batch` decodes at `ctx`, then one `ctx`-token prompt; eager, as an engine runs them.
 MIXED = [(64, 512), (192, 512), (192, 2048)]
 MIXED_VARIANTS = [("before", "before", {}), ("after", "after", {}), ("after one launch", "after", {"split_decodes": False})]
@@ -54,10 +53,8 @@ MIXED_VARIANTS = [("before", "before", {}), ("after", "after", {}), ("after one 
 # Below 4 warps Triton takes mma.sync, not wgmma (PTX), which changes bits, and 2 warps decoded 8-21 % faster at
 # batch >= 32 (docs/results/attention_stages.h200.json); at 2 warps prefill ran 1.5-2x slower than at 4
 # (docs/results/attention_variants.h200.json). Within each family prefill must equal decode: (warps, [(rows, stages)]).
-# "_PREFILL_WARPS": the prefill tiles at that warp count, the decode at the family's (8 warps spill nothing in a
-# rows-on-M prefill tile, ptxas for sm_90a; docs/BENCHMARKS.md section 3).
-FAMILIES = [(4, [(64, 2), (64, 3)], {}),
-            (4, [(64, 2), (128, 2), (128, 3)], {"_PREFILL_WARPS": 8})]  # (warps, [(rows, stages)], module switches)
+# (decode warps, prefill warps, [(rows, stages)]).
+FAMILIES = [(4, 4, [(64, 2), (64, 3)]), (4, 8, [(128, 3), (128, 2), (64, 3)])]
 
 
 def _load(path):
@@ -77,7 +74,12 @@ def _set_stages(mod, stages):
         mod.DECODE_STAGES = stages[1]
 
 
-def _run(mods, rows_out, kind, batch, ctx, variants):
+def _warps_attr(mod, kind):
+    """The module attribute that sets the warps of the tiles timed: prefill tiles have their own since they run 8."""
+    return "PREFILL_WARPS" if kind == "prefill" and hasattr(mod, "PREFILL_WARPS") else "NUM_WARPS"
+
+
+def _run(mods, rows_out, kind, batch, ctx, variants, round_=0):
     gen = torch.Generator().manual_seed(ctx + batch)  # the block shuffle; the values come from torch's CUDA stream
     q, k, v, k_cache, v_cache, meta = _paged(batch, ctx, 1 if kind == "decode" else ctx, gen)
     scale = D ** -0.5
@@ -90,19 +92,19 @@ def _run(mods, rows_out, kind, batch, ctx, variants):
     for name, which, rows, stages, warps, *extra in variants:
         mod = mods[which]
         switches = dict(extra[0]) if extra else {}
-        ahead = switches.pop("_AHEAD", None)  # the launcher's arguments, not module attributes
-        parallel = switches.pop("_PARALLEL", None)
+        parallel = switches.pop("_PARALLEL", None)  # the launcher's argument, not a module attribute
         grid = switches.pop("_GRID", None)
         if not all(hasattr(mod, key) for key in switches):
             print(f"{kind} b{batch} c{ctx} {name}: skipped, the kernel has no {sorted(switches)}", flush=True)
             continue
-        committed = _stages(mod), mod.NUM_WARPS, {key: getattr(mod, key) for key in switches}
+        warps_attr = _warps_attr(mod, kind)
+        committed = _stages(mod), getattr(mod, warps_attr), {key: getattr(mod, key) for key in switches}
         if stages is not None:
             _set_stages(mod, (stages, stages))
-        mod.NUM_WARPS = warps
+        setattr(mod, warps_attr, warps)
         for key, value in switches.items():
             setattr(mod, key, value)
-        kw = {k: v for k, v in (("ahead", ahead), ("parallel_splits", parallel)) if v is not None}
+        kw = {} if parallel is None else {"parallel_splits": parallel}
         launch_meta = dataclasses.replace(meta, max_context_len=grid) if grid else meta
         call = functools.partial(mod.paged_attention, q, k_cache, v_cache, launch_meta, scale, rows=rows, **kw)
         try:
@@ -116,11 +118,11 @@ def _run(mods, rows_out, kind, batch, ctx, variants):
             continue
         finally:
             _set_stages(mod, committed[0])
-            mod.NUM_WARPS = committed[1]
+            setattr(mod, warps_attr, committed[1])
             for key, value in committed[2].items():
                 setattr(mod, key, value)
         rows_out.append({"kind": kind, "batch": batch, "context": ctx, "variant": name, "ms": ms, "sdpa_ms": sdpa,
-                         "ratio": sdpa / ms, "same_bits": same})
+                         "ratio": sdpa / ms, "same_bits": same, "round": round_})
         print(f"{kind:7s} b{batch:<3d} c{ctx:<5d} {name:11s} {ms * 1e3:8.1f} us  sdpa {sdpa * 1e3:8.1f} us  "
               f"x{sdpa / ms:.2f}  same={same}", flush=True)
 
@@ -142,46 +144,36 @@ def _mixed(mods, rows_out, batch, ctx):
               flush=True)
 
 
-def _family(rows_out, length, warps, prefill_tiles, switches):
-    """Within one warp count: every prefill tile's rows equal to each other and its last row equal to the decode of
-    that token (prefill == decode, the kernel's invariance); prefill times beside SDPA's."""
+def _family(rows_out, length, warps, prefill_warps, prefill_tiles):
+    """Decode tiles at `warps`, prefill tiles at `prefill_warps`: every prefill tile's rows equal to each other and
+    its last row equal to the decode of that token (prefill == decode, the kernel's invariance); prefill times beside
+    SDPA's."""
     q, k, v, k_cache, v_cache, meta = _paged(1, length, length, torch.Generator().manual_seed(length))
     scale = D ** -0.5
     qs, ks, vs = q.view(1, -1, HQ, D).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     sdpa = _bench(lambda: F.scaled_dot_product_attention(qs, ks, vs, scale=scale, is_causal=True, enable_gqa=True))
     one = AttentionMetadata.build([1], [length], meta.block_tables.tolist(), k_cache.shape[1], q.device)
-    switches = dict(switches)
-    prefill_warps = switches.pop("_PREFILL_WARPS", warps)
-    committed = _stages(at), at.NUM_WARPS, {key: getattr(at, key) for key in switches}
+    committed = at.NUM_STAGES, at.NUM_WARPS, at.PREFILL_WARPS
     try:
-        at.NUM_WARPS = warps
-        for key, value in switches.items():
-            setattr(at, key, value)
+        at.NUM_WARPS, at.PREFILL_WARPS = warps, prefill_warps
         decoded = at.paged_attention(q[-1:], k_cache, v_cache, one, scale)
-        at.NUM_WARPS = prefill_warps
         first = None
         for rows, stages in prefill_tiles:
             at.NUM_STAGES = stages
             call = functools.partial(at.paged_attention, q, k_cache, v_cache, meta, scale, rows=rows)
             out = call()
             first = out if first is None else first
-            row = {"kind": "family", "warps": warps, "prefill_warps": prefill_warps, "switches": switches,
-                   "context": length, "rows": rows,
-                   "stages": stages,
-                   "ms": _bench(call), "sdpa_ms": sdpa,
+            row = {"kind": "family", "warps": warps, "prefill_warps": prefill_warps, "context": length, "rows": rows,
+                   "stages": stages, "ms": _bench(call), "sdpa_ms": sdpa,
                    "same_as_first_tile": bool(torch.equal(out.view(torch.int16), first.view(torch.int16))),
                    "last_row_equals_decode": bool(torch.equal(out[-1:].view(torch.int16), decoded.view(torch.int16)))}
             row["ratio"] = sdpa / row["ms"]
             rows_out.append(row)
-            print(f"family w{warps}/{prefill_warps} {switches} prefill c{length} r{rows} s{stages}: "
-                  f"{row['ms'] * 1e3:8.1f} us  "
+            print(f"family w{warps}/{prefill_warps} prefill c{length} r{rows} s{stages}: {row['ms'] * 1e3:8.1f} us  "
                   f"x{row['ratio']:.2f}  tiles agree={row['same_as_first_tile']}  "
                   f"prefill==decode={row['last_row_equals_decode']}", flush=True)
     finally:
-        _set_stages(at, committed[0])
-        at.NUM_WARPS = committed[1]
-        for key, value in committed[2].items():
-            setattr(at, key, value)
+        at.NUM_STAGES, at.NUM_WARPS, at.PREFILL_WARPS = committed
 
 
 PARTS = ("decode", "mixed", "prefill", "family")
@@ -192,21 +184,25 @@ def main() -> None:
     ap.add_argument("out_dir")
     ap.add_argument("before", help="another copy of samebits/kernels/triton/attention.py")
     ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {PARTS}")
+    ap.add_argument("--rounds", type=int, default=1, help="time every decode and prefill case this many times, "
+                    "the variants interleaved in each round, so that a disturbed case shows as a disagreement")
     args = ap.parse_args()
     parts = set(args.only.split(","))
     assert parts <= set(PARTS), f"--only: unknown parts {sorted(parts - set(PARTS))}, expected some of {PARTS}"
     os.makedirs(args.out_dir, exist_ok=True)
     mods = {"before": _load(args.before), "after": at}
     rows: list[dict] = []
-    for batch, ctx in DECODE if "decode" in parts else ():
-        _run(mods, rows, "decode", batch, ctx, DECODE_VARIANTS)
+    for round_ in range(args.rounds):
+        for batch, ctx in DECODE if "decode" in parts else ():
+            _run(mods, rows, "decode", batch, ctx, DECODE_VARIANTS, round_)
     for batch, ctx in MIXED if "mixed" in parts else ():
         _mixed(mods, rows, batch, ctx)
-    for length in PREFILL if "prefill" in parts else ():
-        _run(mods, rows, "prefill", 1, length, PREFILL_VARIANTS)
-    for warps, tiles, switches in FAMILIES if "family" in parts else ():
+    for round_ in range(args.rounds):
+        for length in PREFILL if "prefill" in parts else ():
+            _run(mods, rows, "prefill", 1, length, PREFILL_VARIANTS, round_)
+    for warps, prefill_warps, tiles in FAMILIES if "family" in parts else ():
         for length in (1024, 4096):
-            _family(rows, length, warps, tiles, switches)
+            _family(rows, length, warps, prefill_warps, tiles)
     with open(os.path.join(args.out_dir, "attention_variants.json"), "w") as f:
         json.dump({"rows": rows}, f, indent=1)
 

@@ -4,7 +4,8 @@
 # results under $OUT. With no step named it runs tests probe kernels attention e2e (~25 min): name the steps.
 # tests-ids runs the GPU tests named in scripts/_gpu_test_ids.txt (untracked, it travels: a run's tail after a time limit).
 # variants needs scripts/_attention_before.py (untracked, it travels): git show main:samebits/kernels/triton/attention.py;
-# VARIANTS_ONLY=prefill,... picks the probe's parts.
+# VARIANTS_ONLY=prefill,... picks the probe's parts, VARIANTS_ROUNDS=3 times each case three times.
+# E2E_ARGS (e.g. --skip-hf) go to the e2e step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 OUT=${OUT:-out}
@@ -51,10 +52,11 @@ for step in $steps; do
     attention) python3 benchmarks/attention.py --out "$OUT" ;;
     pages) python3 scripts/attention_pages_probe.py "$OUT" ;;
     repro-2g) python3 scripts/attention_2g_repro.py; compute-sanitizer --tool memcheck python3 scripts/attention_2g_repro.py ;;
-    variants) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py ${VARIANTS_ONLY:+--only "$VARIANTS_ONLY"} ;;
+    variants) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py ${VARIANTS_ONLY:+--only "$VARIANTS_ONLY"} \
+      ${VARIANTS_ROUNDS:+--rounds "$VARIANTS_ROUNDS"} ;;
     variants-prefill) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py --only prefill,family ;;
     mma-roles) python3 scripts/mma_roles_probe.py "$OUT" ;;
-    e2e) python3 benchmarks/e2e.py --out "$OUT" --warm ;;
+    e2e) python3 benchmarks/e2e.py --out "$OUT" --warm ${E2E_ARGS:-} ;;
     e2e-quick) python3 benchmarks/e2e.py --out "$OUT" --quick --requests 64 --skip-hf ;;
     server) python3 benchmarks/server.py --random-shape 8b --solo-budget-s 60 --out "$OUT" ;;
     server-process) python3 benchmarks/server.py --random-shape 8b --solo-budget-s 30 --engine-process --skip-offline \

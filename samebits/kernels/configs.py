@@ -106,8 +106,8 @@ TILE_CONFIGS["det_sum"] = {
 
 TILE_CONFIGS["attention.query_tile"] = {
     "config": {"layout": "rows on N below rows_on_m_from (S^T = K Q^T, O^T = V^T P^T), on M from it (S = Q K^T, "
-                         "O = P V)", "row_sum": "ones-block MMA accumulated like O", "rows": 64, "decode_rows": 16,
-               "rows_on_m_from": 64, "num_warps": 4, "num_stages": 2, "decode_stages": 3, "fp_fusion": False},
+                         "O = P V)", "row_sum": "ones-block MMA accumulated like O", "rows": 128, "decode_rows": 16,
+               "rows_on_m_from": 64, "num_warps": 4, "prefill_warps": 8, "num_stages": 3, "fp_fusion": False},
     "why": "rows = (token, GQA head) pairs. Decode tiles (16 rows, 4 GQA rows used, not 4 of 64) put the rows on the "
     "MMA's N side, S^T = K Q^T and O^T = V^T P^T; prefill tiles (64 rows) on its M side, FlashAttention's layout, "
     "where the softmax max stays in a warp and P is the A operand in registers instead of staged through shared "
@@ -117,13 +117,16 @@ TILE_CONFIGS["attention.query_tile"] = {
     "whose order would follow the layout (tl.sum), so both layouts take it through the MMA, P times a ones block "
     "accumulated like O. That changed every bit of the kernel before (l was tl.sum of the fp32 P) and made prefill "
     "1.5-1.6x faster (8192 tokens 3.37 -> 2.17 ms, 1024 tokens 99.5 -> 65.1 us), decode equal or faster (batch 1 x "
-    "512: 14.4 -> 12.5 us; docs/results/attention_variants.h200.rows_on_m.json). Prefill at 64 rows, 4 warps, 2 "
-    "stages beat 64 rows at 8 warps (1.6-2x slower), 128 rows at 8 warps and 3 stages (4-10 % slower); all of them "
-    "gave the same bits and equalled decode. num_warps is bit-changing below 4: at 2 warps (mma.sync) rows differ, "
-    "while stages 2-5 and 4 or 8 warps give every bit (scripts/attention_stages_probe.py). Decode tiles load each "
-    "tile's block ids a tile ahead and run 3 stages (1.08-1.35x at batch <= 64 against 2 stages); prefill keeps the "
-    "plain loop (ahead it was 4-16 % slower). fp_fusion is pinned for all attention, RoPE and KV-write kernels (the "
-    "fold spells its fma out) so Triton's changing default never moves bits.",
+    "512: 14.4 -> 12.5 us; docs/results/attention_variants.h200.rows_on_m.json). Every tile loads its block ids a "
+    "tile ahead and runs 3 stages, so the K/V copies of tile j+2 are in flight while tile j computes. Prefill tiles "
+    "are 128 rows at 8 warps (two warpgroups of 64 rows sharing each K/V copy; one program per SM, 134 KB of shared "
+    "memory): with the TMA copies that was 3-4 % faster than 64 rows at 4 warps and 2 stages at 2048 tokens, 7-9 % at "
+    "4096 and 12-18 % at 8192, in three interleaved rounds, bit for bit (docs/results/attention_variants.h200."
+    "r128.json); 64 rows at 3 stages need 115 KB, one program per SM of 4 warps, and were 8-17 % slower. Decode "
+    "tiles: 3 stages were 1.08-1.35x faster at batch <= 64 than 2. num_warps is bit-changing below 4: at 2 warps "
+    "(mma.sync) rows differ, while stages 2-5 and 4 or 8 warps give every bit (scripts/attention_stages_probe.py). "
+    "fp_fusion is pinned for all attention, RoPE and KV-write kernels (the fold spells its fma out) so Triton's "
+    "changing default never moves bits.",
 }
 
 TILE_CONFIGS["attention.kv_tile"] = {

@@ -107,15 +107,15 @@ def _paged_attention_specs(dtype, d, query_tile, block_n, split):
         sig.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks",
                                        "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_bt")})
         const = {"G": 4, "BQ": rows, "BLOCK_N": block_n, "D": d, "BS": page, "SPLIT": split,
-                 "PARTIAL": partial, "UPCAST": False, "PRECISION": "ieee" if dtype == "fp32" else "tf32", "AHEAD": partial,
+                 "PARTIAL": partial, "UPCAST": False, "PRECISION": "ieee" if dtype == "fp32" else "tf32",
                  "ON_M": rows >= query_tile["rows_on_m_from"], "RUN_IN_MEMORY": not partial, "TMA": tma}
         if not tma:
             const.update(KD=None, VD=None)
         sig.update({n: "constexpr" for n in const})
         if tma:
             sig.update({n: f"tensordesc<{dtype}[{block_n}, {d}]>" for n in ("KD", "VD")})
-        stages = query_tile["decode_stages"] if partial else query_tile["num_stages"]  # as the launcher picks
-        options = {"num_warps": query_tile["num_warps"], "num_stages": stages}
+        warps = query_tile["prefill_warps"] if const["ON_M"] else query_tile["num_warps"]  # as the launcher picks
+        options = {"num_warps": warps, "num_stages": query_tile["num_stages"]}
         specs.append((f"paged_attention_{dtype}_d{d}_{'partial' if partial else 'fold'}_page{page}", fn, sig, const,
                       options))
     return specs

@@ -29,6 +29,7 @@ ROWS = _QT["rows"]
 DECODE_ROWS = _QT["decode_rows"]
 ROWS_ON_M = _QT["rows_on_m_from"]
 NUM_WARPS = _QT["num_warps"]
+PREFILL_WARPS = _QT["prefill_warps"]
 NUM_STAGES = _QT["num_stages"]
 # Pinned: Triton's default for contracting a*b+c into fma changes across versions (3.10 flips it), and it changes bits.
 FP_FUSION = _QT["fp_fusion"]
@@ -36,7 +37,6 @@ BLOCK_N = TILE_CONFIGS["attention.kv_tile"]["config"]["tokens"]
 SPLIT = TILE_CONFIGS["attention.split_kv"]["config"]["tokens"]
 assert SPLIT % BLOCK_N == 0, "a split must hold whole KV tiles"
 HEAD_DIMS = (64, 128)  # the head dims with a fixed tile
-DECODE_STAGES = _QT["decode_stages"]
 # The ones block's other side: wgmma's M (64) where it is the A operand (rows on N); the smallest N that keeps a
 # prefill tile's row-sum accumulator small where it is the B operand (rows on M). Neither changes a bit.
 ONES_M = tl.constexpr(64)
@@ -45,20 +45,14 @@ LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x * scale) == exp2(x *
 
 
 @triton.jit
-def _tile_blocks(bt_row, n0, last, BLOCK_N: tl.constexpr, BS: tl.constexpr, MASKED: tl.constexpr):
-    # The block id of each of the tile's keys (0 past `last`, where the loads are masked anyway); MASKED=False only
-    # for tiles whose every key is at most `last`. Pages of a multiple of BLOCK_N tokens hold whole tiles: one id.
+def _tile_blocks(bt_row, n0, last, BLOCK_N: tl.constexpr, BS: tl.constexpr):
+    # The block id of each of the tile's keys (0 past `last`, where the loads are masked anyway). Pages of a multiple
+    # of BLOCK_N tokens hold whole tiles: one id.
     if BS % BLOCK_N == 0:
-        if MASKED:
-            ids = tl.load(bt_row + n0 // BS, mask=n0 <= last, other=0)
-        else:
-            ids = tl.load(bt_row + n0 // BS)
+        ids = tl.load(bt_row + n0 // BS, mask=n0 <= last, other=0)
     else:
         n = n0 + tl.arange(0, BLOCK_N)
-        if MASKED:
-            ids = tl.load(bt_row + n // BS, mask=n <= last, other=0)
-        else:
-            ids = tl.load(bt_row + n // BS)
+        ids = tl.load(bt_row + n // BS, mask=n <= last, other=0)
     return ids
 
 
@@ -196,25 +190,18 @@ def _fold(m_r, l_r, acc_r, m_s, l_s, acc_s, live, ON_M: tl.constexpr):
 def _fold_tiles(q, m, l2, acc, ones, blk, K, V, KD, VD, bt_row, lo, hi, last, pos, h, qk_scale,
                 stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                 BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-                AHEAD: tl.constexpr, MASKED: tl.constexpr, ON_M: tl.constexpr, TMA: tl.constexpr):
-    # Keys lo..hi-1 folded tile by tile in order. AHEAD: blk holds tile lo's block ids and each iteration loads the
-    # next tile's (masked: it may pass `last`), returned for the next range; otherwise each tile loads its own and blk
-    # passes through. The loads and the arithmetic are the same either way, and so are the bits.
-    if AHEAD:
-        for n0 in range(lo, hi, BLOCK_N):
-            nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS, True)
-            k, v = _tile_loads(K, V, KD, VD, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
-                               stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, MASKED or not TMA, ON_M, TMA)
-            m, l2, acc = _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N, UPCAST, PRECISION, MASKED,
-                                    ON_M)
-            blk = nxt
-    else:
-        for n0 in range(lo, hi, BLOCK_N):
-            ids = _tile_blocks(bt_row, n0, last, BLOCK_N, BS, MASKED)
-            k, v = _tile_loads(K, V, KD, VD, ids, n0, last, h, stride_kb, stride_ks, stride_kh,
-                               stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, MASKED, ON_M, TMA)
-            m, l2, acc = _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N, UPCAST, PRECISION, MASKED,
-                                    ON_M)
+                MASKED: tl.constexpr, ON_M: tl.constexpr, TMA: tl.constexpr):
+    # Keys lo..hi-1 folded tile by tile in order. blk holds tile lo's block ids and each iteration loads the next
+    # tile's (masked: it may pass `last`), returned for the next range: a tile's copies never wait on the block table,
+    # and Triton's pipeliner issues them a stage ahead of the loop (a tile loading its own ids left them one iteration
+    # ahead at every stage count, docs/BENCHMARKS.md section 3).
+    for n0 in range(lo, hi, BLOCK_N):
+        nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS)
+        k, v = _tile_loads(K, V, KD, VD, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
+                           stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, MASKED or not TMA, ON_M, TMA)
+        m, l2, acc = _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N, UPCAST, PRECISION, MASKED,
+                                ON_M)
+        blk = nxt
     return m, l2, acc, blk
 
 
@@ -277,11 +264,10 @@ def _paged_attention_kernel(
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
         G: tl.constexpr, BQ: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
         SPLIT: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-        AHEAD: tl.constexpr, ON_M: tl.constexpr, RUN_IN_MEMORY: tl.constexpr, TMA: tl.constexpr):
+        ON_M: tl.constexpr, RUN_IN_MEMORY: tl.constexpr, TMA: tl.constexpr):
     # grid (query tiles, B, Hkv * n_split_grid). PARTIAL: split `sid` only, (m, l, acc) to PM/PL [T, Hq, S] and
-    # PACC [T, Hq, S, D]; otherwise every split folded in order into O [T, Hq, D]. AHEAD (decode tiles): block ids a
-    # tile ahead, so the K/V copies never wait on the block table (_fold_tiles; tests/kernels/triton/test_attention.py).
-    # ON_M: the query rows on the MMA's M side (prefill tiles), else on N (decode tiles); the same bits. TMA: the
+    # PACC [T, Hq, S, D]; otherwise every split folded in order into O [T, Hq, D]. Block ids a tile ahead
+    # (_fold_tiles). ON_M: the query rows on the MMA's M side (prefill tiles), else on N (decode tiles); the same bits. TMA: the
     # tiles copied through the descriptors KD/VD (_tile_loads).
     # RUN_IN_MEMORY: the folded accumulator waits for the next split in RUN [T, Hq, D] fp32 rather than in registers
     # through its tile loop (a [64, 128] prefill tile would spill); a load and a store of exact fp32, the same bits.
@@ -322,13 +308,13 @@ def _paged_attention_kernel(
             kv_lo = s_idx * SPLIT
             kv_hi = tl.minimum(kv_lo + SPLIT, last + 1)
             full_hi = tl.minimum(kv_lo + tl.maximum(first_pos + 1 - kv_lo, 0) // BLOCK_N * BLOCK_N, kv_hi)
-            blk = _tile_blocks(bt_row, kv_lo, last, BLOCK_N, BS, True)  # AHEAD's first ids; else unused, dropped
+            blk = _tile_blocks(bt_row, kv_lo, last, BLOCK_N, BS)
             m, l2, acc, blk = _fold_tiles(q, m, l20, acc0, ones, blk, K, V, KD, VD, bt_row, kv_lo, full_hi, last,
                                           pos, h, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                          stride_vh, BLOCK_N, D, BS, UPCAST, PRECISION, AHEAD, False, ON_M, TMA)
+                                          stride_vh, BLOCK_N, D, BS, UPCAST, PRECISION, False, ON_M, TMA)
             m, l2, acc, blk = _fold_tiles(q, m, l2, acc, ones, blk, K, V, KD, VD, bt_row, full_hi, kv_hi, last,
                                           pos, h, qk_scale, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                          stride_vh, BLOCK_N, D, BS, UPCAST, PRECISION, AHEAD, True, ON_M, TMA)
+                                          stride_vh, BLOCK_N, D, BS, UPCAST, PRECISION, True, ON_M, TMA)
             l = _row_sums(l2, ON_M)
             if PARTIAL:
                 ok = row_ok & (pos >= kv_lo)
@@ -416,10 +402,9 @@ def tile_rows(max_query_len: int, g: int) -> int:
 
 
 def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bool | None = None,
-                    rows: int | None = None, ahead: bool | None = None,
-                    split_decodes: bool | None = None) -> torch.Tensor:
-    """q [T, Hq, D] -> [T, Hq, D]; caches [NB, BS, Hkv, D]. parallel_splits, rows and ahead (the block-ids-ahead
-    loop, by default on decode tiles) pick by shape when None. split_decodes (by default when rows is not forced): a
+                    rows: int | None = None, split_decodes: bool | None = None) -> torch.Tensor:
+    """q [T, Hq, D] -> [T, Hq, D]; caches [NB, BS, Hkv, D]. parallel_splits and rows pick by shape when None.
+    split_decodes (by default when rows is not forced): a
     mixed batch's leading one-token sequences (meta.leading_decodes) run as their own decode-tile launch, the rest as
     the prefill launch. The bits are the same either way (tests/kernels/triton/test_attention.py)."""
     _check_attention(q, k_cache, v_cache, meta)
@@ -430,10 +415,10 @@ def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bo
     g = q.shape[1] // k_cache.shape[2]
     if 0 < n_dec < meta.num_seqs and tile_rows(meta.max_query_len, g) != tile_rows(1, g):
         head, rest = meta.decodes_and_rest  # the kernel reads token offsets from cu_seqlens_q
-        _launch(q[:n_dec], k_cache, v_cache, head, scale, out[:n_dec], parallel_splits, None, ahead)
-        _launch(q, k_cache, v_cache, rest, scale, out, parallel_splits, rows, ahead)
+        _launch(q[:n_dec], k_cache, v_cache, head, scale, out[:n_dec], parallel_splits, None)
+        _launch(q, k_cache, v_cache, rest, scale, out, parallel_splits, rows)
     else:
-        _launch(q, k_cache, v_cache, meta, scale, out, parallel_splits, rows, ahead)
+        _launch(q, k_cache, v_cache, meta, scale, out, parallel_splits, rows)
     return out
 
 
@@ -442,15 +427,13 @@ def _descriptor(cache: torch.Tensor, d: int) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(cache.view(-1, cache.shape[2] * d), [BLOCK_N, d])
 
 
-def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool | None, rows: int | None,
-            ahead: bool | None) -> None:
+def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool | None, rows: int | None) -> None:
     """The kernel over meta's sequences, whose new tokens are rows of q, into the same rows of out."""
     t, hq, d = q.shape
     bs, h_kv = k_cache.shape[1], k_cache.shape[2]
     g = hq // h_kv
     rows = rows or tile_rows(meta.max_query_len, g)
     tokens_per_tile = rows // g
-    ahead = rows < ROWS if ahead is None else ahead
     if parallel_splits is None:
         parallel_splits = default_parallel_splits(meta, tokens_per_tile, h_kv)
     n_split_grid = cdiv(meta.max_context_len, SPLIT) if parallel_splits else 1
@@ -474,9 +457,8 @@ def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool 
         float(scale) * LOG2E, n_split_grid, hq, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
         G=g, BQ=rows, BLOCK_N=BLOCK_N, D=d, BS=bs, SPLIT=SPLIT, PARTIAL=parallel_splits,
-        UPCAST=upcast, PRECISION=precision, AHEAD=ahead, ON_M=on_m, RUN_IN_MEMORY=run_in_memory, TMA=tma,
-        num_warps=NUM_WARPS,
-        num_stages=DECODE_STAGES if ahead else NUM_STAGES, enable_fp_fusion=FP_FUSION)
+        UPCAST=upcast, PRECISION=precision, ON_M=on_m, RUN_IN_MEMORY=run_in_memory, TMA=tma,
+        num_warps=PREFILL_WARPS if on_m else NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=FP_FUSION)
     if parallel_splits:
         _merge_splits_kernel[grid[:2] + (h_kv,)](
             out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, n_split_grid, hq, out.stride(0), out.stride(1),

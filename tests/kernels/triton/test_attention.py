@@ -18,8 +18,8 @@ triton_ops = pytest.importorskip("samebits.kernels.triton.attention")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def tri(q, k_cache, v_cache, meta, scale, parallel_splits=None, ahead=None, split_decodes=None):
-    return triton_ops.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits, ahead=ahead,
+def tri(q, k_cache, v_cache, meta, scale, parallel_splits=None, split_decodes=None):
+    return triton_ops.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits,
                                       split_decodes=split_decodes)
 
 
@@ -85,23 +85,6 @@ def test_parallel_splits_merge_equals_sequential_fold_for_prefill_chunks(monkeyp
     merged = run(world, reqs, tri, parallel_splits=True)
     for a, b in zip(folded, merged):
         assert_same_bits(b, a, "parallel splits + merge vs sequential fold")
-
-
-def test_block_ids_ahead_loop_equals_the_plain_loop(monkeypatch):
-    """Decode tiles load block ids a tile ahead, prefill tiles in the tile's own iteration: forcing either loop on
-    prefill, chunks and decode (split in parallel and folded) gives the same bits."""
-    monkeypatch.setattr(triton_ops, "SPLIT", 128)
-    world = make_world([300, 70], 8, 2, 64, 16, seed=13, device=DEVICE)
-    for reqs in ([(0, 300, 300), (1, 70, 70)], [(0, 300, 45), (1, 70, 1)], [(0, 129, 1), (0, 300, 1), (1, 64, 1)]):
-        for parallel in (False, True):
-            plain = run(world, reqs, tri, parallel_splits=parallel, ahead=False)
-            for a, b in zip(run(world, reqs, tri, parallel_splits=parallel, ahead=True), plain):
-                assert_same_bits(a, b, f"ahead vs plain loop, {reqs}, parallel splits {parallel}")
-    # Negative control: the same comparison sees another fold order (64-token splits) on the ahead loop.
-    reqs = [(0, 300, 300)]
-    plain = run(world, reqs, tri, ahead=False)[0]
-    monkeypatch.setattr(triton_ops, "SPLIT", 64)
-    assert mismatch(run(world, reqs, tri, ahead=True)[0], plain).differing > 0, "the control changed no bit"
 
 
 def test_a_mixed_batch_gives_its_leading_decodes_their_own_launch(monkeypatch):
