@@ -64,6 +64,10 @@ def _bench(fn, graph: bool = False) -> float:
     """Median ms. graph=True replays a CUDA graph, as an engine runs decode, so launch overhead stays out."""
     import triton.testing
 
+    # do_bench_cudagraph calls fn first on a new stream that does not wait for the default one, where the case's
+    # inputs (caches, block tables, sequence lengths) are still being written: unsynchronised, a decode read the
+    # previous case's freed metadata and crashed the process (docs/BENCHMARKS.md section 3).
+    torch.cuda.synchronize()
     if graph:
         try:
             return float(triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median"))
