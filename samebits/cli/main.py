@@ -322,6 +322,7 @@ BENCH_HELP = {
     "rerun_alone": "Requests re-run alone and compared bit for bit with their run inside the load.",
     "device": "cpu or cuda (default: cuda where available). On a CPU start small: --requests 8.",
     "seed": "Seed of the workload and of each request's sampling.",
+    "max_num_batched_tokens": "Token budget of one engine step (vLLM's flag); longer prompts are prefilled in chunks.",
     "warm": "Run the whole workload once untimed first (compiles and graph captures behind it), then time it.",
 }
 BENCH_FLAGS = field_flags(BenchConfig(), BENCH_HELP) + [

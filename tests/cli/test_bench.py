@@ -20,8 +20,21 @@ def test_bench_prints_the_table_and_writes_the_report(tmp_path):
     assert report["config"]["prompt_tokens"] == [4, 16] and "deterministic_tax" not in report
 
 
+def test_a_step_budget_below_the_prompts_chunks_them_and_keeps_the_bits(tmp_path):
+    """--max-num-batched-tokens is the engine's step budget: 4 tokens a step prefill every prompt in chunks."""
+    path = tmp_path / "bench.json"
+    res = CliRunner().invoke(app, [*TINY, "--mode", "deterministic", "--max-num-batched-tokens", "4", "--json",
+                                   str(path)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(path.read_text())
+    det = report["modes"]["deterministic"]
+    assert report["config"]["max_num_batched_tokens"] == 4 and det["alone_vs_loaded_mismatches"] == 0
+    assert det["steps"]["steps"] > report["workload"]["prompt_tokens"] // 4
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--requests", "0"], "--requests must be an int in [1, 65536], got 0"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be an int in [1, 1048576], got 0"),
     (["--prompt-tokens", "16", "4"], "--prompt-tokens MAX must be an int in [16, 1048576], got 4"),
     (["--mode", "slow"], "--mode must be one of deterministic, fast, both"),
     (["--device", "tpu"], "unknown device 'tpu'; use cpu or cuda"),

@@ -11,6 +11,7 @@ from samebits.modes import MODES
 BENCH_MODES = (*MODES, "both")
 MAX_REQUESTS = 65536  # past this, the prompts alone are gigabytes of Python lists
 MAX_TOKENS = 1 << 20  # per request and range end; the model's own context is checked once it is loaded (run.py)
+MAX_NUM_BATCHED_TOKENS = 8192  # the default token budget of a step
 
 
 def _flag(name: str) -> str:
@@ -42,6 +43,7 @@ class BenchConfig:
     rerun_alone: int = 8
     device: str | None = None
     seed: int = 0
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS
     # One untimed pass of the whole workload first, the prefix cache emptied after it: compiled kernels and captured
     # graphs are then those of a server that has run a while (a cold pass pays Triton's compiles in its steps).
     warm: bool = False
@@ -58,6 +60,7 @@ class BenchConfig:
         _range("output_tokens", self.output_tokens)
         _int_in("rerun_alone", self.rerun_alone, 0, self.requests)
         _int_in("seed", self.seed, 0, SEED_LIMIT - 1)
+        _int_in("max_num_batched_tokens", self.max_num_batched_tokens, 1, MAX_TOKENS)
         if not isinstance(self.warm, bool):
             raise ValueError(f"--warm is a switch, got {self.warm!r}")  # noqa: TRY004 - the CLI reports ValueErrors
 

@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable
 
 from samebits.diagnostics.bench.bound import of_roofline, workload_bound
-from samebits.diagnostics.bench.config import BenchConfig
+from samebits.diagnostics.bench.config import MAX_NUM_BATCHED_TOKENS, BenchConfig
 from samebits.diagnostics.bench.invariance import alone_vs_loaded, picks
 from samebits.diagnostics.bench.load import run_load
 from samebits.diagnostics.bench.workload import Workload, workload
@@ -19,7 +19,6 @@ from samebits.engine.config import EngineConfig
 
 SCHEMA_VERSION = 1
 MAX_NUM_SEQS = 256
-MAX_NUM_BATCHED_TOKENS = 8192
 CPU_KV_TOKENS = 65536  # the CPU's default pool (model_runner.py) preempts a few hundred long requests over and over
 WARMUP_REQUESTS, WARMUP_TOKENS = 4, 4  # compiles every kernel before the timed load
 
@@ -111,8 +110,8 @@ def run_bench(config: BenchConfig, loaded, work: Workload, device: str, bar) -> 
         task = bar.add_task(f"{mode}: {len(work)} requests, {len(chosen)} re-run alone",
                             total=len(work) + len(chosen))
         with runtime_for(mode):
-            stats = _measure_mode(loaded, mode, device, work, chosen, config.seed, functools.partial(bar.advance, task),
-                                  config.warm, kv_tokens)
+            stats = _measure_mode(loaded, mode, device, work, chosen, config, functools.partial(bar.advance, task),
+                                  kv_tokens)
             report["fingerprints"][mode] = fingerprint(mode, None, loaded.numerics())  # what produced these bits
         stats["of_roofline"] = of_roofline(report["roofline"], stats["seconds"])
         report["modes"][mode] = stats
@@ -131,12 +130,14 @@ def _header(config: BenchConfig, loaded, work: Workload, device: str) -> dict:
             "modes": {}, "fingerprints": {}}
 
 
-def _measure_mode(loaded, mode: str, device: str, work: Workload, chosen: list[int], seed: int, advance,
-                  warm: bool, kv_tokens: int | None) -> dict:
+def _measure_mode(loaded, mode: str, device: str, work: Workload, chosen: list[int], config: BenchConfig, advance,
+                  kv_tokens: int | None) -> dict:
     """One engine with a KV pool of kv_tokens (None: sized from free memory), dropped and released on return."""
-    engine = engine_for(loaded, mode, "dynamic", device, kv_cache_tokens=kv_tokens)
+    engine = engine_for(loaded, mode, "dynamic", device, kv_cache_tokens=kv_tokens,
+                        max_num_batched_tokens=config.max_num_batched_tokens)
     try:
-        return {**measure(engine, work, chosen, seed, advance, warm), "kv_cache_tokens": pool_tokens(engine)}
+        return {**measure(engine, work, chosen, config.seed, advance, config.warm),
+                "kv_cache_tokens": pool_tokens(engine)}
     finally:
         del engine
         release(device)
