@@ -109,7 +109,7 @@ TILE_CONFIGS["attention.query_tile"] = {
                          "O = P V)", "row_sum": "ones-block MMA accumulated like O", "rows": 128, "decode_rows": 16,
                "rows_on_m_from": 64, "num_warps": 4, "prefill_warps": 8, "num_stages": 3, "fp_fusion": False},
     "why": "rows = (token, GQA head) pairs. Decode tiles (16 rows, 4 GQA rows used, not 4 of 64) put the rows on the "
-    "MMA's N side, S^T = K Q^T and O^T = V^T P^T; prefill tiles (64 rows) on its M side, FlashAttention's layout, "
+    "MMA's N side, S^T = K Q^T and O^T = V^T P^T; prefill tiles (128 rows) on its M side, FlashAttention's layout, "
     "where the softmax max stays in a warp and P is the A operand in registers instead of staged through shared "
     "memory. On the H200 every element of S, of acc + P V and of a ones-MMA row sum has the same bits whichever side "
     "its row is on, at 16-128 rows and 4 or 8 warps (scripts/mma_roles_probe.py, docs/results/mma_roles.h200.json; "
