@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from samebits.kernels.vector_math import settle
+
 
 def _inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     # As HF `_compute_default_rope_parameters`: float32 exponent, float32 power.
@@ -46,6 +48,7 @@ def rope_cos_sin(head_dim: int, max_positions: int, theta: float, scaling: dict 
     """[max_positions, head_dim] float32: cos in the first half, sin in the second, each head_dim/2 wide."""
     if head_dim % 2:
         raise ValueError(f"rope_cos_sin: head_dim must be even, got {head_dim}")
+    settle()
     inv_freq = scaled_inv_freq(head_dim, theta, scaling)
     angle = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]  # float32, as HF
     angle = angle.double()

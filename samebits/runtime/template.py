@@ -176,9 +176,12 @@ def mkl_cnr_pinned(setting: str) -> bool:
     False when MKL already runs in another mode (it computed before the template was entered) or is not reachable:
     not an error, because kernels/cpu/gemm.py proves the blocks it uses in whatever mode MKL runs, but the fingerprint
     then shows the other mode and the thread count may be pinned."""
+    from samebits.kernels.vector_math import settle
     from samebits.runtime import mkl
 
-    return mkl.pin_cnr(setting)
+    pinned = mkl.pin_cnr(setting)
+    settle()  # MKL's mode is fixed now either way; settle its vector math before anything splits a first call
+    return pinned
 
 
 def _env_to_apply(saved: dict[str, str | None], cuda_was_up: bool, mkl_pinned: bool,

@@ -24,6 +24,7 @@ from samebits.arith import cdiv
 from samebits.kernels.common import next_pow2
 from samebits.kernels.configs import TILE_CONFIGS
 from samebits.kernels.cpu.gemm import BLOCK_ROWS, block_for, entry_gemm, largest_block
+from samebits.kernels.vector_math import settle
 
 _CFG = TILE_CONFIGS["attention.cpu"]["config"]
 QUERY_ROWS = _CFG["query_rows"]
@@ -125,6 +126,7 @@ def paged_attention_cpu(q, k_cache, v_cache, meta, scale: float, *, rows: int = 
     Decode rows (one new token) of all sequences that hold the same number of tiles are one group: entries of many
     sequences in one torch.bmm per tile. A prefill's chunks go one by one over their sequence's keys, gathered once.
     Every entry gets its canonical bits either way, so the two agree (tests/kernels/test_attention.py)."""
+    settle()
     h_kv = k_cache.shape[2]
     g = q.shape[1] // h_kv
     rows = largest_block(_shapes(q.shape[2], tile), _row_sizes(rows))  # chunks of a block this machine admits

@@ -24,6 +24,7 @@ from samebits.kernels.kv_cache import write_kv  # noqa: F401 - ops of this backe
 from samebits.kernels.philox import philox_uniforms  # noqa: F401
 from samebits.kernels.race import gumbel_race  # noqa: F401
 from samebits.kernels.rope import apply_rope as rope  # noqa: F401
+from samebits.kernels.vector_math import settle
 
 
 def linear(x, weight, bias=None):
@@ -63,6 +64,7 @@ def rms_norm(x, weight, eps):
 
 
 def _rms_norm(x, weight, eps):
+    settle()
     xf = x.float()
     var = tree_sum(xf * xf) / x.shape[-1]
     y = (xf * torch.rsqrt(var + eps)[..., None]).to(x.dtype)
@@ -88,6 +90,7 @@ def log_softmax(x, dim=-1):
 
 
 def _softmax(x, dim, log):
+    settle()
     xt = x.movedim(dim, -1).float()
     if xt.numel() == 0:
         return xt.movedim(-1, dim)
@@ -105,6 +108,7 @@ def det_sum_rows(x):
 
 
 def _silu_fp32(x):
+    settle()
     return x / (1.0 + torch.exp(-x))
 
 
