@@ -15,6 +15,7 @@ from samebits.diagnostics.roofline import H200_PEAK_BYTES, H200_PEAK_FLOPS, roof
 from samebits.kernels import get_ops
 from samebits.progress import progress_bar
 from samebits.runtime import runtime_for
+from tests.kernels.helpers import batch_variant_linear
 
 SEED = 3  # the workload's and the requests' seed, fixed
 CONFIG = BenchConfig(random_shape="tiny", device="cpu", requests=4, prompt_tokens=(8, 48), output_tokens=(4, 12),
@@ -55,21 +56,13 @@ def test_deterministic_requests_alone_equal_their_bits_inside_the_load(report):
     assert (det["alone_vs_loaded_mismatches"], det["checked"]) == (0, 4)
 
 
-def _batch_variant(linear):
-    """A linear whose bits follow the batch: one ulp up wherever it computes more than one row."""
-    def variant(x, w, bias=None):
-        y = linear(x, w, bias)
-        return torch.nextafter(y, torch.full_like(y, float("inf"))) if x.shape[0] > 1 else y
-    return variant
-
-
 def test_negative_control_a_batch_variant_kernel_is_caught(loaded, monkeypatch):
     """The same comparison catches a kernel whose bits follow the batch: fast mode's linear moved one ulp wherever it
     computes more than one row (a decode step inside the load; alone, a request decodes one row). Fast mode's vendor
     kernels are not a control on every CPU: under the template's MKL_CBWR=AVX2,STRICT an Intel Xeon's MKL gave the
     GEMMs the same bits at every batch size, and this comparison saw 0 to 2 of 32 fast-mode requests differ there."""
     ops = get_ops("fast", "cpu")
-    monkeypatch.setattr(ops, "linear", _batch_variant(ops.linear))
+    monkeypatch.setattr(ops, "linear", batch_variant_linear(ops.linear))
     config = dataclasses.replace(CONFIG, mode="fast")
     with progress_bar(show=False) as bar:
         report = run_bench(config, loaded, bench_workload(config, loaded.config), "cpu", bar)

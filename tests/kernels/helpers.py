@@ -46,3 +46,13 @@ def rows_that_differ(fn, row, make_batch, sizes) -> list[int]:
         if not mismatch(fn(batch)[0], alone).same:
             out.append(m)
     return out
+
+
+def batch_variant_linear(linear):
+    """A negative control's kernel: `linear` one ulp up wherever it computes more than one row, so its bits follow the
+    batch on every machine (vendor CPU GEMMs need not: under AVX2,STRICT an Intel Xeon's MKL gave every batch size
+    the same bits)."""
+    def variant(x, w, bias=None):
+        y = linear(x, w, bias)
+        return torch.nextafter(y, torch.full_like(y, float("inf"))) if x.shape[0] > 1 else y
+    return variant
