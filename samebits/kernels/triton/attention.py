@@ -192,9 +192,9 @@ def _fold_tiles(q, m, l2, acc, ones, blk, K, V, KD, VD, bt_row, lo, hi, last, po
                 BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                 MASKED: tl.constexpr, ON_M: tl.constexpr, TMA: tl.constexpr):
     # Keys lo..hi-1 folded tile by tile in order. blk holds tile lo's block ids and each iteration loads the next
-    # tile's (masked: it may pass `last`), returned for the next range: a tile's copies never wait on the block table,
-    # and Triton's pipeliner issues them a stage ahead of the loop (a tile loading its own ids left them one iteration
-    # ahead at every stage count, docs/BENCHMARKS.md section 3).
+    # tile's (masked: it may pass `last`), returned for the next range. So a tile's copies never wait on the block
+    # table, and Triton's pipeliner issues them NUM_STAGES - 1 tiles early; when each tile loaded its own ids, its
+    # copies were issued at the end of the iteration before, at every stage count (SASS, docs/BENCHMARKS.md section 3).
     for n0 in range(lo, hi, BLOCK_N):
         nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS)
         k, v = _tile_loads(K, V, KD, VD, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
@@ -267,8 +267,8 @@ def _paged_attention_kernel(
         ON_M: tl.constexpr, RUN_IN_MEMORY: tl.constexpr, TMA: tl.constexpr):
     # grid (query tiles, B, Hkv * n_split_grid). PARTIAL: split `sid` only, (m, l, acc) to PM/PL [T, Hq, S] and
     # PACC [T, Hq, S, D]; otherwise every split folded in order into O [T, Hq, D]. Block ids a tile ahead
-    # (_fold_tiles). ON_M: the query rows on the MMA's M side (prefill tiles), else on N (decode tiles); the same bits. TMA: the
-    # tiles copied through the descriptors KD/VD (_tile_loads).
+    # (_fold_tiles). ON_M: the query rows on the MMA's M side (prefill tiles), else on N (decode tiles); the same
+    # bits. TMA: the tiles copied through the descriptors KD/VD (_tile_loads).
     # RUN_IN_MEMORY: the folded accumulator waits for the next split in RUN [T, Hq, D] fp32 rather than in registers
     # through its tile loop (a [64, 128] prefill tile would spill); a load and a store of exact fp32, the same bits.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
