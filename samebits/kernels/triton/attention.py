@@ -76,16 +76,15 @@ def _tile_loads(K, V, KD, VD, blk32, n0, last, h, stride_kb, stride_ks, stride_k
             v = tl.trans(v)
     else:
         k, v = _tile_gather(K, V, blk32, n0, last, h, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                            stride_vh, BLOCK_N, D, BS, MASKED, ON_M)
+                            stride_vh, BLOCK_N, D, BS, ON_M)
     return k, v
 
 
 @triton.jit
 def _tile_gather(K, V, blk32, n0, last, h, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                 BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, MASKED: tl.constexpr,
-                 ON_M: tl.constexpr):
+                 BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, ON_M: tl.constexpr):
     # Through the block ids blk32 (_tile_blocks); keys past `last` read as 0 (no memory traffic), and every key of a
-    # tile is either read or beyond every row's reach.
+    # tile is either read or beyond every row's reach. Always masked: the block ids a tile ahead may pass `last`.
     n = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     blk = blk32.to(tl.int64)
@@ -97,19 +96,12 @@ def _tile_gather(K, V, blk32, n0, last, h, stride_kb, stride_ks, stride_kh, stri
     else:
         row = blk * stride_kb + (n % BS) * stride_ks + h * stride_kh
         row_v = blk * stride_vb + (n % BS) * stride_vs + h * stride_vh
-    if MASKED:
-        kv_ok = n <= last
-        k = tl.load(K + row[:, None] + d[None, :], mask=kv_ok[:, None], other=0.0)
-        if ON_M:
-            v = tl.load(V + row_v[:, None] + d[None, :], mask=kv_ok[:, None], other=0.0)
-        else:
-            v = tl.load(V + row_v[None, :] + d[:, None], mask=kv_ok[None, :], other=0.0)
+    kv_ok = n <= last
+    k = tl.load(K + row[:, None] + d[None, :], mask=kv_ok[:, None], other=0.0)
+    if ON_M:
+        v = tl.load(V + row_v[:, None] + d[None, :], mask=kv_ok[:, None], other=0.0)
     else:
-        k = tl.load(K + row[:, None] + d[None, :])
-        if ON_M:
-            v = tl.load(V + row_v[:, None] + d[None, :])
-        else:
-            v = tl.load(V + row_v[None, :] + d[:, None])
+        v = tl.load(V + row_v[None, :] + d[:, None], mask=kv_ok[None, :], other=0.0)
     return k, v
 
 
@@ -198,7 +190,7 @@ def _fold_tiles(q, m, l2, acc, ones, blk, K, V, KD, VD, bt_row, lo, hi, last, po
     for n0 in range(lo, hi, BLOCK_N):
         nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS)
         k, v = _tile_loads(K, V, KD, VD, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
-                           stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, MASKED or not TMA, ON_M, TMA)
+                           stride_vb, stride_vs, stride_vh, BLOCK_N, D, BS, MASKED, ON_M, TMA)
         m, l2, acc = _tile_math(q, m, l2, acc, k, v, ones, n0, pos, qk_scale, BLOCK_N, UPCAST, PRECISION, MASKED,
                                 ON_M)
         blk = nxt
@@ -404,9 +396,8 @@ def tile_rows(max_query_len: int, g: int) -> int:
 def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bool | None = None,
                     rows: int | None = None, split_decodes: bool | None = None) -> torch.Tensor:
     """q [T, Hq, D] -> [T, Hq, D]; caches [NB, BS, Hkv, D]. parallel_splits and rows pick by shape when None.
-    split_decodes (by default when rows is not forced): a
-    mixed batch's leading one-token sequences (meta.leading_decodes) run as their own decode-tile launch, the rest as
-    the prefill launch. The bits are the same either way (tests/kernels/triton/test_attention.py)."""
+    split_decodes (by default when rows is not forced): a mixed batch's leading one-token sequences
+    (meta.leading_decodes) run as their own decode-tile launch, the rest as the prefill launch. The bits are the same either way (tests/kernels/triton/test_attention.py)."""
     _check_attention(q, k_cache, v_cache, meta)
     out = torch.empty_like(q)
     if split_decodes is None:
