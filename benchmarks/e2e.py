@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from samebits.diagnostics.bench.bound import of_roofline, workload_bound
 from samebits.diagnostics.bench.invariance import picks
 from samebits.diagnostics.bench.load import run_load
+from samebits.diagnostics.bench.config import MAX_NUM_BATCHED_TOKENS
 from samebits.diagnostics.bench.report import roofline_cell, steps_table
-from samebits.diagnostics.bench.run import (MAX_NUM_BATCHED_TOKENS, engine_for, kv_tokens_for, measure, pool_tokens,
-                                            release)
+from samebits.diagnostics.bench.run import engine_for, kv_tokens_for, measure, pool_tokens, release
 from samebits.diagnostics.bench.shapes import SHAPES, NullTokenizer, random_shape_model
 from samebits.diagnostics.bench.workload import workload
 from samebits.engine.sampling_params import SamplingParams
