@@ -101,14 +101,16 @@ def _paged_attention_specs(dtype, d, query_tile, block_n, split):
                                                    (16, block_n)):
         ptr = "*" + dtype
         tma = page % block_n == 0
+        on_m = rows >= query_tile["rows_on_m_from"]
+        fused = partial and not on_m  # the launcher's fused merge: integer counters
         sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32", "RUN": "*fp32",
-               "cu_seqlens_q": "*i32", "context_lens": "*i32", "block_tables": "*i32", "qk_scale": "fp32",
+               "SEM": "*i32" if fused else ptr, "cu_seqlens_q": "*i32", "context_lens": "*i32", "block_tables": "*i32", "qk_scale": "fp32",
                "n_split_grid": "i32", "num_q_heads": "i32"}
         sig.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks",
                                        "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_bt")})
         const = {"G": 4, "BQ": rows, "BLOCK_N": block_n, "D": d, "BS": page, "SPLIT": split,
                  "PARTIAL": partial, "UPCAST": False, "PRECISION": "ieee" if dtype == "fp32" else "tf32",
-                 "ON_M": rows >= query_tile["rows_on_m_from"], "RUN_IN_MEMORY": not partial, "TMA": tma}
+                 "ON_M": on_m, "RUN_IN_MEMORY": not partial, "TMA": tma, "FUSED_MERGE": fused}
         if not tma:
             const.update(KD=None, VD=None)
         sig.update({n: "constexpr" for n in const})

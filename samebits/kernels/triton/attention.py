@@ -10,7 +10,8 @@ through the MMA: P times a ones block, accumulated like the output.
 
 Imported lazily (only on CUDA or under TRITON_INTERPRET=1) so that importing samebits never needs triton. The launcher
 checks shapes, dtypes and strides; the torch reference is kernels.attention.paged_attention_reference (float64).
-No atomics: each output element is written by exactly one program.
+No float atomics: each output element is written by exactly one program; the one atomic is an integer counter that
+picks which of a tile's split programs merges the splits (_merge_if_last), never what it computes.
 """
 from __future__ import annotations
 
@@ -251,16 +252,17 @@ def _store_rows(O, t_idx, qh, stride_ot, stride_oh, acc, l, row_ok, D: tl.conste
 
 @triton.jit
 def _paged_attention_kernel(
-        Q, K, V, KD, VD, O, PM, PL, PACC, RUN, cu_seqlens_q, context_lens, block_tables, qk_scale, n_split_grid,
+        Q, K, V, KD, VD, O, PM, PL, PACC, RUN, SEM, cu_seqlens_q, context_lens, block_tables, qk_scale, n_split_grid,
         num_q_heads, stride_qt, stride_qh, stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
         G: tl.constexpr, BQ: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
         SPLIT: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-        ON_M: tl.constexpr, RUN_IN_MEMORY: tl.constexpr, TMA: tl.constexpr):
+        ON_M: tl.constexpr, RUN_IN_MEMORY: tl.constexpr, TMA: tl.constexpr, FUSED_MERGE: tl.constexpr):
     # grid (query tiles, B, Hkv * n_split_grid). PARTIAL: split `sid` only, (m, l, acc) to PM/PL [T, Hq, S] and
     # PACC [T, Hq, S, D]; otherwise every split folded in order into O [T, Hq, D]. Block ids a tile ahead
     # (_fold_tiles). ON_M: the query rows on the MMA's M side (prefill tiles), else on N (decode tiles); the same
-    # bits. TMA: the tiles copied through the descriptors KD/VD (_tile_loads).
+    # bits. TMA: the tiles copied through the descriptors KD/VD (_tile_loads). FUSED_MERGE (PARTIAL, rows on N): the
+    # last of a tile's split programs merges them (_merge_if_last, counters SEM), so no merge kernel is launched.
     # RUN_IN_MEMORY: the folded accumulator waits for the next split in RUN [T, Hq, D] fp32 rather than in registers
     # through its tile loop (a [64, 128] prefill tile would spill); a load and a store of exact fp32, the same bits.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -327,6 +329,44 @@ def _paged_attention_kernel(
                     folded = acc_run
                 if s_idx + 1 == hi_split:
                     _store_rows(O, t_idx, qh, stride_ot, stride_oh, folded, l_run, row_ok, D, ON_M)
+        if FUSED_MERGE:
+            _merge_if_last(O, PM, PL, PACC, SEM, pid_m, b, h, t_idx, qh, row_ok, pos, last, n_split_grid, num_q_heads,
+                           stride_ot, stride_oh, BQ, D, SPLIT)
+
+
+@triton.jit
+def _merge_rows(O, PM, PL, PACC, t_idx, qh, row_ok, pos, last, n_split_grid, num_q_heads, stride_ot, stride_oh,
+                BQ: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, CACHE: tl.constexpr):
+    # A tile's rows: splits 0..n-1 folded with _fold into O. CACHE: the partials' load cache modifier; the fused merge
+    # reads them through L2 (".cg"), as other programs wrote them during this launch.
+    m_run = tl.full([BQ], float("-inf"), tl.float32)
+    l_run = tl.zeros([BQ], tl.float32)
+    acc_run = tl.zeros([D, BQ], tl.float32)
+    for s_idx in range(last // SPLIT + 1):
+        live = pos >= s_idx * SPLIT
+        p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx
+        m = tl.load(PM + p_idx, mask=live, other=float("-inf"), cache_modifier=CACHE)
+        l = tl.load(PL + p_idx, mask=live, other=0.0, cache_modifier=CACHE)
+        acc = tl.load(_rows_ptrs(PACC, p_idx, 0, D, 0, D, False), mask=live[None, :], other=0.0,
+                      cache_modifier=CACHE)
+        m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m, l, acc, live, False)
+    _store_rows(O, t_idx, qh, stride_ot, stride_oh, acc_run, l_run, row_ok, D, False)
+
+
+@triton.jit
+def _merge_if_last(O, PM, PL, PACC, SEM, pid_m, b, h, t_idx, qh, row_ok, pos, last, n_split_grid, num_q_heads,
+                   stride_ot, stride_oh, BQ: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr):
+    # The fused merge: each of a tile's n_split_grid programs counts itself in on the tile's integer counter once its
+    # partials are stored; the last to arrive merges (_merge_rows, the merge kernel's code) and sets the counter back
+    # to 0 for the next launch. Which program merges follows the timing; what it computes and in which order does
+    # not. The barrier makes every thread's stores precede the release of the counter's add; its acquire makes them
+    # visible to the merging program.
+    tl.debug_barrier()
+    counter = SEM + (b * (tl.num_programs(2) // n_split_grid) + h) * tl.num_programs(0) + pid_m
+    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n_split_grid - 1:
+        tl.store(counter, 0)
+        _merge_rows(O, PM, PL, PACC, t_idx, qh, row_ok, pos, last, n_split_grid, num_q_heads, stride_ot, stride_oh,
+                    BQ, D, SPLIT, ".cg")
 
 
 @triton.jit
@@ -338,18 +378,8 @@ def _merge_splits_kernel(O, PM, PL, PACC, cu_seqlens_q, context_lens, n_split_gr
     h = tl.program_id(2)
     has_rows, t_idx, g, row_ok, pos, last, _ = _rows(cu_seqlens_q, context_lens, b, pid_m, G, BQ)
     if has_rows:
-        qh = h * G + g
-        m_run = tl.full([BQ], float("-inf"), tl.float32)
-        l_run = tl.zeros([BQ], tl.float32)
-        acc_run = tl.zeros([D, BQ], tl.float32)
-        for s_idx in range(last // SPLIT + 1):
-            live = pos >= s_idx * SPLIT
-            p_idx = (t_idx * num_q_heads + qh) * n_split_grid + s_idx
-            m = tl.load(PM + p_idx, mask=live, other=float("-inf"))
-            l = tl.load(PL + p_idx, mask=live, other=0.0)
-            acc = tl.load(_rows_ptrs(PACC, p_idx, 0, D, 0, D, False), mask=live[None, :], other=0.0)
-            m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m, l, acc, live, False)
-        _store_rows(O, t_idx, qh, stride_ot, stride_oh, acc_run, l_run, row_ok, D, False)
+        _merge_rows(O, PM, PL, PACC, t_idx, h * G + g, row_ok, pos, last, n_split_grid, num_q_heads, stride_ot,
+                    stride_oh, BQ, D, SPLIT, "")
 
 
 def _check_attention(q, k_cache, v_cache, meta) -> None:
@@ -376,6 +406,18 @@ TMA_LOADS = True
 # (docs/results/attention_variants.h200.deferred.json). The bits are the same either way.
 FOLD_PROGRAMS = 256
 FOLD_SPLITS = 2
+
+# Decode launches with splits in parallel merge them in their last program (_merge_if_last) instead of a merge
+# kernel: on the H200, in CUDA graphs, 1 x 2048 tokens 16.7 against 17.7 us, 1 x 8192 18.8 against 20.3, 1 x 32768
+# 46.1 against 49.7, 8 x 2048 23.0 against 23.9, bit for bit (docs/BENCHMARKS.md section 3). A module switch so that
+# tests and probes can run the merge kernel beside it (tests/kernels/triton/test_attention.py).
+FUSED_MERGE = True
+# The fused merge's counters: int32 per (query tile, sequence, KV head) of a launch, zero between launches (the merging
+# program resets its own). One buffer per device, so launches that share a device must be ordered, as on one stream
+# (the engine's are, its graph warm-up stream included); allocated outside any CUDA graph capture, where a launch that
+# finds none (or too few) runs the merge kernel instead.
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+MIN_COUNTERS = 1 << 16
 
 
 def default_parallel_splits(meta, tokens_per_tile: int, kv_heads: int) -> bool:
@@ -413,6 +455,21 @@ def paged_attention(q, k_cache, v_cache, meta, scale: float, parallel_splits: bo
     return out
 
 
+def _counters(device: torch.device, n: int) -> torch.Tensor | None:
+    """At least n zeroed counters on `device`, or None inside a capture that would have to allocate them."""
+    have = _COUNTERS.get(device)
+    if have is not None and have.numel() >= n:
+        return have
+    cuda = device.type == "cuda"
+    if cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    counters = torch.zeros(max(n, MIN_COUNTERS), dtype=torch.int32, device=device)
+    if cuda:  # zeroed before any stream's launch can read it, whichever stream it was allocated on
+        torch.cuda.synchronize(device)
+    _COUNTERS[device] = counters
+    return counters
+
+
 def _descriptor(cache: torch.Tensor, d: int) -> TensorDescriptor:
     """A [NB, BS, Hkv, D] cache as [NB * BS, Hkv * D] rows, copied a KV tile of one head at a time."""
     return TensorDescriptor.from_tensor(cache.view(-1, cache.shape[2] * d), [BLOCK_N, d])
@@ -443,14 +500,19 @@ def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool 
     grid = (cdiv(meta.max_query_len, tokens_per_tile), meta.num_seqs, h_kv * n_split_grid)
     tma = TMA_LOADS and bs % BLOCK_N == 0
     kd, vd = (_descriptor(k_cache, d), _descriptor(v_cache, d)) if tma else (None, None)
+    sem = None
+    if parallel_splits and not on_m and FUSED_MERGE:
+        sem = _counters(q.device, grid[0] * grid[1] * h_kv)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, kd, vd, out, pm, pl, pacc, run, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
-        float(scale) * LOG2E, n_split_grid, hq, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        q, k_cache, v_cache, kd, vd, out, pm, pl, pacc, run, out if sem is None else sem, meta.cu_seqlens_q,
+        meta.context_lens, meta.block_tables, float(scale) * LOG2E, n_split_grid, hq, q.stride(0), q.stride(1),
+        out.stride(0), out.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], meta.block_tables.stride(0),
         G=g, BQ=rows, BLOCK_N=BLOCK_N, D=d, BS=bs, SPLIT=SPLIT, PARTIAL=parallel_splits,
         UPCAST=upcast, PRECISION=precision, ON_M=on_m, RUN_IN_MEMORY=run_in_memory, TMA=tma,
-        num_warps=PREFILL_WARPS if on_m else NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=FP_FUSION)
-    if parallel_splits:
+        FUSED_MERGE=sem is not None, num_warps=PREFILL_WARPS if on_m else NUM_WARPS, num_stages=NUM_STAGES,
+        enable_fp_fusion=FP_FUSION)
+    if parallel_splits and sem is None:
         _merge_splits_kernel[grid[:2] + (h_kv,)](
             out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, n_split_grid, hq, out.stride(0), out.stride(1),
             G=g, BQ=rows, D=d, SPLIT=SPLIT, num_warps=NUM_WARPS, enable_fp_fusion=FP_FUSION)

@@ -111,6 +111,29 @@ def test_a_mixed_batch_gives_its_leading_decodes_their_own_launch(monkeypatch):
     assert mismatch(torch.cat(run(world, reqs, tri, split_decodes=True)), one).differing > 0, "the control changed no bit"
 
 
+def test_the_fused_merge_equals_the_merge_kernel(monkeypatch):
+    """Decode launches with splits in parallel merge in their last program (FUSED_MERGE): the merge kernel's bits,
+    with every counter back at 0 after the launch. Negative controls: another fold order (64-token splits) is seen,
+    and counters that do not start at 0 are left nonzero (a program merged before the last one arrived)."""
+    monkeypatch.setattr(triton_ops, "SPLIT", 128)
+    world = make_world([300, 70, 260], 8, 2, 64, 16, dtype=torch.float32, seed=23, device=DEVICE)
+    reqs = [(0, 300, 1), (1, 70, 1), (2, 260, 1), (0, 129, 1)]
+    counters = triton_ops._counters(torch.device(DEVICE), 1)
+    monkeypatch.setattr(triton_ops, "FUSED_MERGE", False)
+    kernel = torch.cat(run(world, reqs, tri, parallel_splits=True))
+    monkeypatch.setattr(triton_ops, "FUSED_MERGE", True)
+    for _ in range(2):  # the second launch starts from the counters the first left
+        assert_same_bits(torch.cat(run(world, reqs, tri, parallel_splits=True)), kernel, "fused vs kernel merge")
+        assert int(counters.count_nonzero()) == 0, "a counter was left nonzero"
+    counters[:8] = 2  # 3 splits: the first program to arrive sees 2 and merges
+    run(world, reqs, tri, parallel_splits=True)
+    assert int(counters.count_nonzero()) > 0, "the control left no counter nonzero"
+    counters.zero_()
+    monkeypatch.setattr(triton_ops, "SPLIT", 64)
+    assert mismatch(torch.cat(run(world, reqs, tri, parallel_splits=True)), kernel).differing > 0, \
+        "the control changed no bit"
+
+
 def test_a_grid_sized_for_a_longer_context_gives_the_same_bits(monkeypatch):
     """A CUDA graph's grid covers more splits than its rows reach (engine/cuda_graphs.py grid_len): the programs
     past a row's last split store nothing, and the bits are the folded launch's."""

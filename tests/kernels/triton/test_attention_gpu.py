@@ -105,6 +105,25 @@ def test_a_graph_sized_grid_equals_the_folded_launch(d, hq, hkv, dtype, monkeypa
     assert not mismatch(torch.cat(run(world, reqs, wide)), folded).same
 
 
+def test_the_fused_merge_equals_the_merge_kernel_under_load(monkeypatch):
+    """Thousands of decode rows in one launch with splits in parallel (every 5th position of 16 sequences up to 3000
+    tokens, tens of thousands of programs racing for their tiles' counters): the fused merge gives the merge kernel's
+    bits in each of 5 launches and leaves every counter at 0. Negative control: another fold order is seen."""
+    from samebits.kernels.triton import attention
+
+    world = world_for(128, 32, 8, torch.bfloat16, seed=29)
+    reqs = [(s, t + 1, 1) for s, q in enumerate(world.q) for t in range(0, len(q), 5)]
+    monkeypatch.setattr(attention, "FUSED_MERGE", False)
+    kernel = torch.cat(run(world, reqs, pa, parallel_splits=True))
+    monkeypatch.setattr(attention, "FUSED_MERGE", True)
+    counters = attention._counters(torch.device("cuda", torch.cuda.current_device()), 1)
+    for i in range(5):
+        assert_same_bits(torch.cat(run(world, reqs, pa, parallel_splits=True)), kernel, f"fused merge, launch {i}")
+        assert int(counters.count_nonzero()) == 0, f"launch {i} left a counter nonzero"
+    monkeypatch.setattr(attention, "SPLIT", 512)
+    assert not mismatch(torch.cat(run(world, reqs, pa, parallel_splits=True)), kernel).same
+
+
 @pytest.mark.parametrize("d,hq,hkv,dtype", CASES)
 def test_chunked_prefill_and_prefix_hits(d, hq, hkv, dtype):
     world = world_for(d, hq, hkv, dtype, seed=3 * d + hq)
