@@ -32,7 +32,11 @@ from attention import BS, HQ, D, _bench, _paged  # benchmarks/attention.py
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.triton import attention as at
 
-DECODE = [(1, 512), (1, 8192), (8, 2048), (32, 2048), (64, 512), (64, 2048), (256, 512), (256, 2048)]
+DECODE = [(1, 512), (1, 2048), (1, 8192), (1, 32768), (8, 512), (8, 2048), (32, 2048), (64, 512), (64, 2048),
+          (256, 512), (256, 2048)]
+# --cold: each timed call reads caches no earlier call of the graph touched since COLD_BYTES of others, so the KV comes
+# from HBM as in an engine step (its GEMMs stream the weights through L2 between two layers' attention).
+COLD_BYTES = 160 << 20
 PREFILL = [1024, 2048, 4096, 8192]
 # (name, module, rows or None, stages or None (the launcher's), warps[, switches]); a variant whose module
 # attribute the module lacks (a switch of a pending change that this tree does not have) is skipped.
@@ -40,6 +44,7 @@ PREFILL = [1024, 2048, 4096, 8192]
 # "_PARALLEL": the launcher's parallel_splits. SPLIT 256 changes bits: with splits folded at large batches (no merge)
 # and parallel at small ones, a smaller split may win at both ends (docs/BENCHMARKS.md §3).
 DECODE_VARIANTS = [("before", "before", None, None, 4), ("after", "after", None, None, 4),
+                   ("after merge kernel", "after", None, None, 4, {"FUSED_MERGE": False}),
                    ("after gather", "after", None, None, 4, {"TMA_LOADS": False}),
                    ("after s2", "after", None, 2, 4)]
 # Prefill tiles with the rows on M (kernels/triton/attention.py): 64 rows at 4 warps (one warpgroup) or 8 (the N side
@@ -79,15 +84,36 @@ def _warps_attr(mod, kind):
     return "PREFILL_WARPS" if kind == "prefill" and hasattr(mod, "PREFILL_WARPS") else "NUM_WARPS"
 
 
-def _run(mods, rows_out, kind, batch, ctx, variants, round_=0):
+def _copies(tensors, cold: bool) -> list:
+    """One tuple of the tensors, or (--cold) enough clones of them that cycling through all of them spills L2."""
+    n = -(-COLD_BYTES // sum(t.numel() * t.element_size() for t in tensors)) if cold else 1
+    return [tuple(tensors)] + [tuple(t.clone() for t in tensors) for _ in range(n - 1)]
+
+
+def _each(fn, copies):
+    """A call of fn on every copy (the first call's result returned) and the number of calls, to divide times by."""
+    def call():
+        outs = [fn(*c) for c in copies]
+        return outs[0]
+    return call, len(copies)
+
+
+def _paged_call(attention, q, meta, scale, rows, kw, k_cache, v_cache):
+    return attention(q, k_cache, v_cache, meta, scale, rows=rows, **kw)
+
+
+def _run(mods, rows_out, kind, batch, ctx, variants, round_=0, cold=False):
     gen = torch.Generator().manual_seed(ctx + batch)  # the block shuffle; the values come from torch's CUDA stream
     q, k, v, k_cache, v_cache, meta = _paged(batch, ctx, 1 if kind == "decode" else ctx, gen)
     scale = D ** -0.5
     qs = q.view(batch, -1, HQ, D).transpose(1, 2)
     ks, vs = k.transpose(1, 2), v.transpose(1, 2)
     causal = kind == "prefill"
-    sdpa = _bench(lambda: F.scaled_dot_product_attention(qs, ks, vs, scale=scale, is_causal=causal, enable_gqa=True),
-                  graph=kind == "decode")
+    graph = kind == "decode"
+    sdpa_call, n_sdpa = _each(lambda kk, vv: F.scaled_dot_product_attention(qs, kk, vv, scale=scale, is_causal=causal,
+                                                                            enable_gqa=True), _copies((ks, vs), cold))
+    sdpa = _bench(sdpa_call, graph=graph) / n_sdpa
+    caches = _copies((k_cache, v_cache), cold)
     refs = {}  # each module's first variant: a variant's bits are compared within its own kernel
     for name, which, rows, stages, warps, *extra in variants:
         mod = mods[which]
@@ -106,12 +132,13 @@ def _run(mods, rows_out, kind, batch, ctx, variants, round_=0):
             setattr(mod, key, value)
         kw = {} if parallel is None else {"parallel_splits": parallel}
         launch_meta = dataclasses.replace(meta, max_context_len=grid) if grid else meta
-        call = functools.partial(mod.paged_attention, q, k_cache, v_cache, launch_meta, scale, rows=rows, **kw)
+        one = functools.partial(_paged_call, mod.paged_attention, q, launch_meta, scale, rows, kw)
+        call, n_calls = _each(one, caches)
         try:
             out = call()
             ref = refs.setdefault(which, out)
             same = bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
-            ms = _bench(call, graph=kind == "decode")
+            ms = _bench(call, graph=graph) / n_calls
         except Exception as e:  # noqa: BLE001 - out of shared memory or registers: record and go on
             rows_out.append({"kind": kind, "batch": batch, "context": ctx, "variant": name, "error": str(e)[:300]})
             print(f"{kind} b{batch} c{ctx} {name}: error {str(e)[:120]}", flush=True)
@@ -122,8 +149,10 @@ def _run(mods, rows_out, kind, batch, ctx, variants, round_=0):
             for key, value in committed[2].items():
                 setattr(mod, key, value)
         rows_out.append({"kind": kind, "batch": batch, "context": ctx, "variant": name, "ms": ms, "sdpa_ms": sdpa,
-                         "ratio": sdpa / ms, "same_bits": same, "round": round_})
-        print(f"{kind:7s} b{batch:<3d} c{ctx:<5d} {name:11s} {ms * 1e3:8.1f} us  sdpa {sdpa * 1e3:8.1f} us  "
+                         "ratio": sdpa / ms, "same_bits": same, "round": round_, "cold": cold,
+                         "copies": n_calls})
+        print(f"{kind:7s} b{batch:<3d} c{ctx:<5d} {'cold ' if cold else ''}{name:11s} {ms * 1e3:8.1f} us  "
+              f"sdpa {sdpa * 1e3:8.1f} us  "
               f"x{sdpa / ms:.2f}  same={same}", flush=True)
 
 
@@ -186,6 +215,8 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {PARTS}")
     ap.add_argument("--rounds", type=int, default=1, help="time every decode and prefill case this many times, "
                     "the variants interleaved in each round, so that a disturbed case shows as a disagreement")
+    ap.add_argument("--cold", action="store_true", help="decode also timed with the KV read from HBM (COLD_BYTES "
+                    "of other caches between two calls), after the usual L2-warm timing")
     args = ap.parse_args()
     parts = set(args.only.split(","))
     assert parts <= set(PARTS), f"--only: unknown parts {sorted(parts - set(PARTS))}, expected some of {PARTS}"
@@ -194,7 +225,8 @@ def main() -> None:
     rows: list[dict] = []
     for round_ in range(args.rounds):
         for batch, ctx in DECODE if "decode" in parts else ():
-            _run(mods, rows, "decode", batch, ctx, DECODE_VARIANTS, round_)
+            for cold in (False, True) if args.cold else (False,):
+                _run(mods, rows, "decode", batch, ctx, DECODE_VARIANTS, round_, cold)
     for batch, ctx in MIXED if "mixed" in parts else ():
         _mixed(mods, rows, batch, ctx)
     for round_ in range(args.rounds):

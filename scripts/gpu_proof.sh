@@ -4,7 +4,8 @@
 # results under $OUT. With no step named it runs tests probe kernels attention e2e (~25 min): name the steps.
 # tests-ids runs the GPU tests named in scripts/_gpu_test_ids.txt (untracked, it travels: a run's tail after a time limit).
 # variants needs scripts/_attention_before.py (untracked, it travels): git show main:samebits/kernels/triton/attention.py;
-# VARIANTS_ONLY=prefill,... picks the probe's parts, VARIANTS_ROUNDS=3 times each case three times.
+# VARIANTS_ONLY=prefill,... picks the probe's parts, VARIANTS_ROUNDS=3 times each case three times, VARIANTS_COLD=1
+# times decode again with its KV read from HBM.
 # E2E_ARGS (e.g. --skip-hf) go to the e2e step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -53,7 +54,7 @@ for step in $steps; do
     pages) python3 scripts/attention_pages_probe.py "$OUT" ;;
     repro-2g) python3 scripts/attention_2g_repro.py; compute-sanitizer --tool memcheck python3 scripts/attention_2g_repro.py ;;
     variants) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py ${VARIANTS_ONLY:+--only "$VARIANTS_ONLY"} \
-      ${VARIANTS_ROUNDS:+--rounds "$VARIANTS_ROUNDS"} ;;
+      ${VARIANTS_ROUNDS:+--rounds "$VARIANTS_ROUNDS"} ${VARIANTS_COLD:+--cold} ;;
     variants-prefill) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py --only prefill,family ;;
     mma-roles) python3 scripts/mma_roles_probe.py "$OUT" ;;
     e2e) python3 benchmarks/e2e.py --out "$OUT" --warm ${E2E_ARGS:-} ;;
@@ -63,6 +64,7 @@ for step in $steps; do
       --out "$OUT/process" ;;
     steps) python3 benchmarks/steps.py --out "$OUT" ;;
     steps256) python3 benchmarks/steps.py --out "$OUT" --batches 256 ;;
+    steps1) python3 benchmarks/steps.py --out "$OUT" --batches 1 ;;
     mixed) python3 benchmarks/mixed.py --out "$OUT" ;;
     rl) python3 benchmarks/rl.py --out "$OUT" ;;
     tp1) python3 benchmarks/tp.py --device cuda --shape 8b --tp 1 --modes deterministic,invariant --graphs --out "$OUT" ;;
