@@ -45,8 +45,8 @@ PREFILL = [1024, 2048, 4096, 8192]
 # and parallel at small ones, a smaller split may win at both ends (docs/BENCHMARKS.md §3).
 DECODE_VARIANTS = [("before", "before", None, None, 4), ("after", "after", None, None, 4),
                    ("after merge kernel", "after", None, None, 4, {"FUSED_MERGE": False}),
-                   ("after gather", "after", None, None, 4, {"TMA_LOADS": False}),
-                   ("after s2", "after", None, 2, 4)]
+                   ("after parallel", "after", None, None, 4, {"_PARALLEL": True}),
+                   ("after folded", "after", None, None, 4, {"_PARALLEL": False})]
 # Prefill tiles with the rows on M (kernels/triton/attention.py): 64 rows at 4 warps (one warpgroup) or 8 (the N side
 # shared by two), 128 rows at 8 (two warpgroups of 64 rows), 2 to 4 stages; the same bits by the MMA-roles probe.
 PREFILL_VARIANTS = [("before r64 w4 s2", "before", 64, 2, 4), ("after r128 w8 s3", "after", 128, 3, 8),
