@@ -21,7 +21,7 @@ BACKENDS = {
     ("fast", "cuda"): "samebits.kernels.triton.fast",  # vendor GEMMs, Triton attention, norms, activation
 }
 OPS = ("linear", "linear_partials", "matmul", "bmm", "rms_norm", "add_rms_norm", "softmax", "log_softmax", "silu_and_mul",
-       "det_sum_rows", "rope", "write_kv", "attention", "philox_uniforms",
+       "det_sum_rows", "rope", "write_kv", "rope_write_kv", "attention", "philox_uniforms",
        "gumbel_race")
 
 

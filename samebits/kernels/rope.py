@@ -3,11 +3,13 @@
 Elementwise per (token, head): no reduction, so batch-invariant by construction. The kernel only applies a cos/sin
 table ([max_pos, D] float32: cos in the first half, sin in the second); building it (HF rope_scaling) is the model's
 business (samebits/models/rope_scaling.py). `apply_rope` is the torch op of the CPU backends and the Triton kernel's
-reference.
+reference; `rope_write_kv` (a layer's RoPE, then its keys and values into the paged cache) theirs for the fused one.
 """
 from __future__ import annotations
 
 import torch
+
+from samebits.kernels.kv_cache import write_kv
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -40,3 +42,11 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     rows = cos_sin[positions.long()]
     cos, sin = rows[:, None, :half], rows[:, None, half:]
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping) -> torch.Tensor:
+    """A layer's RoPE and KV write: q and k rotated (apply_rope), the rotated k and v stored at their slots
+    (kv_cache.write_kv); returns the rotated q. A backend may fuse the two; the bits are these."""
+    q, k = apply_rope(q, k, positions, cos_sin)
+    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q

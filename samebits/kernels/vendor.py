@@ -10,6 +10,7 @@ from samebits.kernels.kv_cache import write_kv  # noqa: F401 - ops of this backe
 from samebits.kernels.philox import philox_uniforms  # noqa: F401
 from samebits.kernels.race import gumbel_race  # noqa: F401
 from samebits.kernels.rope import apply_rope as rope  # noqa: F401
+from samebits.kernels.rope import rope_write_kv  # noqa: F401
 
 linear = F.linear
 matmul = torch.mm

@@ -119,14 +119,13 @@ class LlamaModel(nn.Module):
         cfg, ops = self.config, self.ops
         t, d = x.shape[0], cfg.head_dim
         qkv = self._linear(layer, "qkv_proj", x)
-        # Views into qkv, not copies: RoPE reads strided rows and writes new q and k, the KV write reads strided v
-        # (each op's launcher asserts what it needs), so no layer launches the 3 copy kernels.
+        # Views into qkv, not copies: rope_write_kv reads strided rows, writes a new q and the rotated k and v straight
+        # into the cache (its launcher asserts what it needs), so no layer launches the 3 copy kernels.
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q, k, v = q.view(t, cfg.num_heads, d), k.view(t, cfg.num_kv_heads, d), v.view(t, cfg.num_kv_heads, d)
         if cfg.qk_norm:
             q, k = self._head_norm(q, layer.q_norm), self._head_norm(k, layer.k_norm)
-        q, k = ops.rope(q, k, positions, self.cos_sin)
-        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        q = ops.rope_write_kv(q, k, v, positions, self.cos_sin, k_cache, v_cache, meta.slot_mapping)
         out = ops.attention(q, k_cache, v_cache, meta, d ** -0.5)
         return self._linear(layer, "o_proj", out.reshape(t, cfg.q_size))
 

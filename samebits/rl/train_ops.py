@@ -7,7 +7,7 @@ depends on the forward's bits beyond the saved inputs, so it is as deterministic
 samebits.deterministic_runtime(), which sets torch.use_deterministic_algorithms).
 
 Attention is the one op that reads its keys and values from the paged cache rather than from its arguments: the
-model calls `write_kv` and then `attention` per layer (models/llama.py), so `write_kv` stores detached copies in the
+model calls `rope_write_kv` and then `attention` per layer (models/llama.py), so `write_kv` stores detached copies in the
 cache and keeps the differentiable k and v for the `attention` call on the same cache that follows.
 """
 from __future__ import annotations
@@ -105,6 +105,13 @@ class TrainOps:
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         self.base.write_kv(k.detach(), v.detach(), k_cache, v_cache, slot_mapping)
         self._pending[id(k_cache)] = (k, v)
+
+    def rope_write_kv(self, q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping):
+        """The unfused pair: a differentiable rope, then write_kv keeping k and v for attention. The base's fused
+        op gives these bits (tests/kernels/triton/test_rope.py)."""
+        q, k = self.rope(q, k, positions, cos_sin)
+        self.write_kv(k, v, k_cache, v_cache, slot_mapping)
+        return q
 
     def attention(self, q, k_cache, v_cache, meta, scale):
         pending = self._pending.pop(id(k_cache), None)

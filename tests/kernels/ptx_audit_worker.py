@@ -140,10 +140,17 @@ def _copy_specs(dtype):
             **{a: "i32" for a in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_qot", "stride_qoh",
                                   "stride_kot", "stride_koh", "num_q_heads", "num_k_heads")},
             "HALF": "constexpr", "BLOCK_Q": "constexpr", "BLOCK_K": "constexpr"}
+    rope_kv = {"Q": ptr, "K": ptr, "V": ptr, "QO": ptr, "KC": ptr, "VC": ptr, "positions": "*i64", "slots": "*i64",
+               "COS_SIN": "*fp32", **{a: "i32" for a in ("stride_qt", "stride_qh", "stride_kt", "stride_kh",
+                                                         "stride_vt", "stride_qot", "stride_qoh", "num_q_heads",
+                                                         "num_k_heads")},
+               "HALF": "constexpr", "BLOCK_Q": "constexpr", "BLOCK_K": "constexpr", "BLOCK_V": "constexpr"}
     options = {"num_warps": 4, "num_stages": 1}
     return [(f"write_kv_{dtype}", _jit("kv_write", "_write_kv_kernel"), kv, {"HD": 1024, "BLOCK": 1024}, options),
             (f"rope_{dtype}", _jit("rope", "_rope_kernel"), rope, {"HALF": 64, "BLOCK_Q": 32, "BLOCK_K": 8},
-             options)]
+             options),
+            (f"rope_write_kv_{dtype}", _jit("rope", "_rope_write_kv_kernel"), rope_kv,
+             {"HALF": 64, "BLOCK_Q": 32, "BLOCK_K": 8, "BLOCK_V": 1024}, options)]
 
 
 def _attention_specs():

@@ -14,6 +14,7 @@ from samebits.kernels.triton.kv_write import write_kv as tri_write_kv
 from samebits.kernels.triton.philox import philox_uniforms  # noqa: F401 - an op of this backend (ops.OPS)
 from samebits.kernels.triton.race import gumbel_race  # noqa: F401
 from samebits.kernels.triton.rope import apply_rope as tri_rope
+from samebits.kernels.triton.rope import rope_write_kv as tri_rope_write_kv
 
 
 def linear(x, weight, bias=None):
@@ -86,6 +87,15 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
     kv_cache.check(k, v, k_cache, v_cache, slot_mapping)
     if k.shape[0]:
         tri_write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping):
+    """rope then write_kv in one launch (a layer's two smallest kernels): the same bits (tests/kernels/triton)."""
+    torch_rope.check(q, k, positions, cos_sin)
+    kv_cache.check(k, v, k_cache, v_cache, slot_mapping)
+    if not q.shape[0]:
+        return torch_rope.rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
+    return tri_rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
 
 
 def _fixed_tiles(q, k_cache, v_cache, meta, scale):

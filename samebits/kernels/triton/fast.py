@@ -13,6 +13,7 @@ from samebits.kernels.triton.backend import (  # noqa: F401 - ops of this backen
     philox_uniforms,
     rms_norm,
     rope,
+    rope_write_kv,
     silu_and_mul,
     write_kv,
 )

@@ -39,3 +39,37 @@ def test_one_launch_rotates_strided_q_and_k_with_the_torch_ops_bits(seed):
     for got, want, name in zip(triton_rope.apply_rope(q, k, positions, table), apply_rope(q, k, positions, table),
                                ("q", "k")):
         assert_same_bits(got, want, f"rope {name}: one launch vs the torch op")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope_write_kv_gives_the_bits_of_rope_then_write_kv(dtype, seed):
+    """The model's fused launch: the rotated q and both caches bit for bit those of rope then write_kv, from strided
+    views of one qkv row, with a padding slot (-1) left untouched. Negative control: one token at another position
+    is seen in q and in the key cache."""
+    from samebits.kernels.triton.kv_write import write_kv
+
+    g = fresh_generator(seed)
+    qkv = rand((7, 8 + 2 + 2, 64), dtype, g, DEVICE)
+    q, k, v = qkv[:, :8], qkv[:, 8:10], qkv[:, 10:]
+    positions = torch.randint(0, 300, (7,), generator=g).to(DEVICE)
+    slots = torch.tensor([5, 0, 17, -1, 9, 30, 2]).to(DEVICE)
+    table = rope_cos_sin(64, 300, 10000.0, device=DEVICE)
+
+    def caches():
+        return (torch.full((4, 8, 2, 64), float("nan"), dtype=dtype, device=DEVICE),
+                torch.full((4, 8, 2, 64), float("nan"), dtype=dtype, device=DEVICE))
+
+    kc, vc = caches()
+    q_want, k_rot = triton_rope.apply_rope(q, k, positions, table)
+    write_kv(k_rot, v, kc, vc, slots)
+    kc2, vc2 = caches()
+    q_got = triton_rope.rope_write_kv(q, k, v, positions, table, kc2, vc2, slots)
+    assert_same_bits(q_got, q_want, "rotated q")
+    assert_same_bits(kc2, kc, "key cache (NaN where nothing was written)")
+    assert_same_bits(vc2, vc, "value cache")
+    moved = positions.clone()
+    moved[4] += 1
+    kc3, vc3 = caches()
+    q_moved = triton_rope.rope_write_kv(q, k, v, moved, table, kc3, vc3, slots)
+    assert not torch.equal(q_moved[4].view(torch.uint8), q_want[4].view(torch.uint8)), "the control moved no q bit"
+    assert not torch.equal(kc3.view(torch.uint8), kc.view(torch.uint8)), "the control moved no cache bit"
