@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import warnings
 
 import pytest
 import torch
@@ -126,7 +127,9 @@ def test_the_fused_merge_equals_the_merge_kernel(monkeypatch):
         assert_same_bits(torch.cat(run(world, reqs, tri, parallel_splits=True)), kernel, "fused vs kernel merge")
         assert int(counters.count_nonzero()) == 0, "a counter was left nonzero"
     counters[:8] = 2  # 3 splits: the first program to arrive sees 2 and merges
-    run(world, reqs, tri, parallel_splits=True)
+    with warnings.catch_warnings():  # it merges partials no program has written yet: numpy may see NaN there
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run(world, reqs, tri, parallel_splits=True)
     assert int(counters.count_nonzero()) > 0, "the control left no counter nonzero"
     counters.zero_()
     monkeypatch.setattr(triton_ops, "SPLIT", 64)
