@@ -227,11 +227,14 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, *, ops) -> SamplerOutput:
         raise ValueError(f"the sampling batch has {len(batch)} rows for {logits.shape[0]} rows of logits")
     greedy = batch.greedy()
     adjusted = logits if batch.adjust is None else adjust_logits(logits, batch.adjust)
-    tokens = adjusted.argmax(dim=-1)
     rows = [i for i in range(len(batch)) if not greedy[i]]
-    if rows:
-        tokens = tokens.index_copy(0, to_device(rows, torch.int64, logits.device),
-                                   _sample_rows(adjusted, rows, batch.select(rows), ops))
+    if len(rows) == len(batch):  # every row samples: no argmax to overwrite (a decode step's kernel fewer)
+        tokens = _sample_rows(adjusted, rows, batch, ops)
+    else:
+        tokens = adjusted.argmax(dim=-1)
+        if rows:
+            tokens = tokens.index_copy(0, to_device(rows, torch.int64, logits.device),
+                                       _sample_rows(adjusted, rows, batch.select(rows), ops))
     logprobs = ops.log_softmax(logits, dim=-1)
     ids, values = top_k_logprobs(logprobs, batch.num_top_logprobs)
     return SamplerOutput(tokens, logprobs.gather(1, tokens[:, None])[:, 0], ids, values)
@@ -239,7 +242,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, *, ops) -> SamplerOutput:
 
 def _sample_rows(logits, rows: list[int], sub: SamplingBatch, ops) -> torch.Tensor:
     """The random path for the non-greedy `rows`; a row's result does not depend on which other rows are here."""
-    picked = logits.index_select(0, to_device(rows, torch.int64, logits.device))
+    every = len(rows) == logits.shape[0]  # rows are ascending, so all of them is the identity
+    picked = logits if every else logits.index_select(0, to_device(rows, torch.int64, logits.device))
     t = to_device(sub.temperature, torch.float32, logits.device)[:, None]
     filtered = filter_logits(picked / t, sub.top_k, sub.top_p, sub.min_p, ops)
     return rng.race(filtered, sub.seeds, sub.sample_indices, sub.positions)
