@@ -10,15 +10,21 @@ from samebits.kernels.triton.attention import FP_FUSION
 
 
 @triton.jit
+def _copy_row(SRC, DST, n, BLOCK: tl.constexpr):
+    # n contiguous elements of SRC to DST (BLOCK >= n).
+    i = tl.arange(0, BLOCK)
+    ok = i < n
+    tl.store(DST + i, tl.load(SRC + i, mask=ok), mask=ok)
+
+
+@triton.jit
 def _write_kv_kernel(K, V, KC, VC, slots, stride_kt, stride_vt, HD: tl.constexpr, BLOCK: tl.constexpr):
     # grid (T,): token t's [Hkv * D] keys/values copied to cache row `slots[t]` ([NB * BS, Hkv * D] view).
     t = tl.program_id(0)
     slot = tl.load(slots + t)
     if slot >= 0:
-        i = tl.arange(0, BLOCK)
-        ok = i < HD
-        tl.store(KC + slot * HD + i, tl.load(K + t * stride_kt + i, mask=ok), mask=ok)
-        tl.store(VC + slot * HD + i, tl.load(V + t * stride_vt + i, mask=ok), mask=ok)
+        _copy_row(K + t * stride_kt, KC + slot * HD, HD, BLOCK)
+        _copy_row(V + t * stride_vt, VC + slot * HD, HD, BLOCK)
 
 
 def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:

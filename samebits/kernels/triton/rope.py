@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from samebits.kernels.triton.attention import FP_FUSION
+from samebits.kernels.triton.kv_write import _copy_row
 
 
 @triton.jit
@@ -26,16 +27,23 @@ def _rotate(X, OUT, t, cos, sin, stride_xt, stride_xh, stride_ot, stride_oh, num
 
 
 @triton.jit
+def _table_row(positions, COS_SIN, t, HALF: tl.constexpr):
+    # cos and sin [1, HALF] fp32 of token t's position.
+    pos = tl.load(positions + t).to(tl.int64)
+    j = tl.arange(0, HALF)
+    cos = tl.load(COS_SIN + pos * (2 * HALF) + j)[None, :]
+    sin = tl.load(COS_SIN + pos * (2 * HALF) + HALF + j)[None, :]
+    return cos, sin
+
+
+@triton.jit
 def _rope_kernel(Q, K, QO, KO, positions, COS_SIN, stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh,
                  stride_kot, stride_koh, num_q_heads, num_k_heads,
                  HALF: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
     # grid (T, 2): token t's query heads (axis 1 = 0) or key heads (1), rotated by the table row of its position. One
     # launch for both: a decode step's layer is otherwise two launches of a few microseconds each.
     t = tl.program_id(0)
-    pos = tl.load(positions + t).to(tl.int64)
-    j = tl.arange(0, HALF)
-    cos = tl.load(COS_SIN + pos * (2 * HALF) + j)[None, :]  # [1, HALF]
-    sin = tl.load(COS_SIN + pos * (2 * HALF) + HALF + j)[None, :]
+    cos, sin = _table_row(positions, COS_SIN, t, HALF)
     if tl.program_id(1) == 0:
         _rotate(Q, QO, t, cos, sin, stride_qt, stride_qh, stride_qot, stride_qoh, num_q_heads, HALF, BLOCK_Q)
     else:
@@ -50,10 +58,7 @@ def _rope_write_kv_kernel(Q, K, V, QO, KC, VC, positions, slots, COS_SIN, stride
     # cache row slots[t] and its values copied there (1; slots < 0 are padding, skipped). _rotate's arithmetic, so the
     # bits of _rope_kernel then _write_kv_kernel, in one launch instead of two.
     t = tl.program_id(0)
-    pos = tl.load(positions + t).to(tl.int64)
-    j = tl.arange(0, HALF)
-    cos = tl.load(COS_SIN + pos * (2 * HALF) + j)[None, :]
-    sin = tl.load(COS_SIN + pos * (2 * HALF) + HALF + j)[None, :]
+    cos, sin = _table_row(positions, COS_SIN, t, HALF)
     if tl.program_id(1) == 0:
         _rotate(Q, QO, t, cos, sin, stride_qt, stride_qh, stride_qot, stride_qoh, num_q_heads, HALF, BLOCK_Q)
     else:
@@ -61,9 +66,7 @@ def _rope_write_kv_kernel(Q, K, V, QO, KC, VC, positions, slots, COS_SIN, stride
         if slot >= 0:
             row = slot * num_k_heads * (2 * HALF)  # the cache row: [Hkv * D] contiguous
             _rotate(K, KC + row, t, cos, sin, stride_kt, stride_kh, 0, 2 * HALF, num_k_heads, HALF, BLOCK_K)
-            i = tl.arange(0, BLOCK_V)
-            ok = i < num_k_heads * (2 * HALF)
-            tl.store(VC + row + i, tl.load(V + t * stride_vt + i, mask=ok), mask=ok)
+            _copy_row(V + t * stride_vt, VC + row, num_k_heads * (2 * HALF), BLOCK_V)
 
 
 def _check(x, cos_sin, name: str) -> None:
