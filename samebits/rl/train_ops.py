@@ -7,8 +7,8 @@ depends on the forward's bits beyond the saved inputs, so it is as deterministic
 samebits.deterministic_runtime(), which sets torch.use_deterministic_algorithms).
 
 Attention is the one op that reads its keys and values from the paged cache rather than from its arguments: the
-model calls `rope_write_kv` and then `attention` per layer (models/llama.py), so `write_kv` stores detached copies in the
-cache and keeps the differentiable k and v for the `attention` call on the same cache that follows.
+model calls `rope_write_kv` and then `attention` per layer (models/llama.py), so its `write_kv` stores detached copies
+in the cache and keeps the differentiable k and v for the `attention` call on the same cache that follows.
 """
 from __future__ import annotations
 

@@ -104,8 +104,8 @@ def _paged_attention_specs(dtype, d, query_tile, block_n, split):
         on_m = rows >= query_tile["rows_on_m_from"]
         fused = partial and not on_m  # the launcher's fused merge: integer counters
         sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "PM": "*fp32", "PL": "*fp32", "PACC": "*fp32", "RUN": "*fp32",
-               "SEM": "*i32" if fused else ptr, "cu_seqlens_q": "*i32", "context_lens": "*i32", "block_tables": "*i32", "qk_scale": "fp32",
-               "n_split_grid": "i32", "num_q_heads": "i32"}
+               "SEM": "*i32" if fused else ptr, "cu_seqlens_q": "*i32", "context_lens": "*i32",
+               "block_tables": "*i32", "qk_scale": "fp32", "n_split_grid": "i32", "num_q_heads": "i32"}
         sig.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks",
                                        "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_bt")})
         const = {"G": 4, "BQ": rows, "BLOCK_N": block_n, "D": d, "BS": page, "SPLIT": split,

@@ -408,8 +408,8 @@ FOLD_PROGRAMS = 256
 FOLD_SPLITS = 2
 
 # Decode launches with splits in parallel merge them in their last program (_merge_if_last) instead of a merge
-# kernel: on the H200, in CUDA graphs, 1 x 2048 tokens 16.7 against 17.7 us, 1 x 8192 18.8 against 20.3, 1 x 32768
-# 46.1 against 49.7, 8 x 2048 23.0 against 23.9, bit for bit (docs/BENCHMARKS.md section 3). A module switch so that
+# kernel: on the H200, in CUDA graphs, 1 x 2048 tokens 16.7 against 17.6 us, 1 x 8192 18.8 against 20.3, 1 x 32768
+# 45.4 against 48.9, 8 x 2048 22.6 against 23.7, bit for bit (docs/BENCHMARKS.md section 3). A module switch so that
 # tests and probes can run the merge kernel beside it (tests/kernels/triton/test_attention.py).
 FUSED_MERGE = True
 # The fused merge's counters: int32 per (query tile, sequence, KV head) of a launch, zero between launches (the merging
