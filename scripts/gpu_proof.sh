@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU proof in one call (device machine: image python, PYTHONPATH=., no install except carried wheels).
-# Usage: bash scripts/gpu_proof.sh [tests|tests-ids|probe|kernels|attention|pages|repro-2g|variants|variants-prefill|mma-roles|e2e|server|server-process|steps|mixed|rl|tp1 ...];
+# Usage: bash scripts/gpu_proof.sh [tests|tests-kernels|tests-others|tests-ids|probe|kernels|attention|pages|repro-2g|variants|variants-prefill|gemm-decode|mma-roles|e2e|server|server-process|steps|mixed|rl|tp1 ...];
 # results under $OUT. With no step named it runs tests probe kernels attention e2e (~25 min): name the steps.
+# tests-kernels and tests-others are the two halves of tests, each under one call's 10 minutes with a cold Triton cache.
 # tests-ids runs the GPU tests named in scripts/_gpu_test_ids.txt (untracked, it travels: a run's tail after a time limit).
 # variants needs scripts/_attention_before.py (untracked, it travels): git show main:samebits/kernels/triton/attention.py;
 # VARIANTS_ONLY=prefill,... picks the probe's parts, VARIANTS_ROUNDS=3 times each case three times, VARIANTS_COLD=1
@@ -46,6 +47,11 @@ for step in $steps; do
   echo "=== $step ($(date +%T))"
   case $step in
     tests) make test-gpu PYTEST_ARGS="-p no:cacheprovider --durations=20" 2>&1 | tee "$OUT/gpu_tests.log" | tail -60 ;;
+    tests-kernels) make test-gpu PYTEST_ARGS="-p no:cacheprovider --durations=20 --ignore=tests/engine --ignore=tests/server \
+      --ignore=tests/diagnostics --ignore=tests/models --ignore=tests/rl --ignore=tests/distributed" 2>&1 \
+      | tee "$OUT/gpu_tests_kernels.log" | tail -40 ;;
+    tests-others) make test-gpu PYTEST_ARGS="-p no:cacheprovider --durations=20 --ignore=tests/kernels" 2>&1 \
+      | tee "$OUT/gpu_tests_others.log" | tail -40 ;;
     tests-ids) python3 -m pytest -q -p no:cacheprovider --durations=10 $(cat scripts/_gpu_test_ids.txt) 2>&1 \
       | tee "$OUT/gpu_tests_ids.log" | tail -40 ;;
     probe) python3 -m samebits probe --device cuda --full --json "$OUT/probe.h200.json" --plot "$OUT/probe.h200.png" ;;
@@ -56,6 +62,7 @@ for step in $steps; do
     variants) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py ${VARIANTS_ONLY:+--only "$VARIANTS_ONLY"} \
       ${VARIANTS_ROUNDS:+--rounds "$VARIANTS_ROUNDS"} ${VARIANTS_COLD:+--cold} ;;
     variants-prefill) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py --only prefill,family ;;
+    gemm-decode) python3 scripts/gemm_decode_probe.py "$OUT" --m "${GEMM_M:-1,8}" ;;
     mma-roles) python3 scripts/mma_roles_probe.py "$OUT" ;;
     e2e) python3 benchmarks/e2e.py --out "$OUT" --warm ${E2E_ARGS:-} ;;
     e2e-quick) python3 benchmarks/e2e.py --out "$OUT" --quick --requests 64 --skip-hf ;;
