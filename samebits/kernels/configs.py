@@ -12,6 +12,7 @@ TILE_CONFIGS: dict[str, dict] = {}
 TILE_CONFIGS["matmul"] = {
     # Rows: [max_M, BM, BN, BK, num_warps, num_stages, GROUP_M]; the first row whose max_M >= M is used.
     "config": [
+        [1, 16, 64, 256, 4, 6, 8],
         [32, 16, 32, 128, 4, 6, 8],
         [128, 64, 32, 128, 4, 4, 8],
         [512, 64, 128, 64, 4, 4, 8],
@@ -23,7 +24,12 @@ TILE_CONFIGS["matmul"] = {
     "the K order stays fixed. tests/kernels/test_gpu.py guards that fact on every bucket. Tiles: the fastest of a "
     "sweep on the H200 (benchmarks/kernels.py --sweep; N=4096, K=4096 bf16), where all 28 candidates gave one "
     "set of bits; GROUP_M=8 everywhere so the M-tiles sharing a weight tile run back to back and read it from "
-    "L2 (launch order only, never the math).",
+    "L2 (launch order only, never the math). M = 1 (batch-1 decode, the eager lm_head): 64 weight rows and K "
+    "steps of 256 per program, the fastest of 40 tiles or within 2.2 % of it at every 8B weight shape, 15-24 % "
+    "faster than [16, 32, 128] (lm_head 252 vs 306 us, o 13.6 vs 18.0), all 40 with the same bits; at M = 8 and 16 "
+    "it was 1-7 % slower than [16, 32, 128] at qkv, o and the lm_head, faster at gate_up and down, so the row serves "
+    "M = 1 alone "
+    "(scripts/gemm_decode_probe.py, docs/BENCHMARKS.md section 2).",
 }
 
 TILE_CONFIGS["vendor_gemm"] = {

@@ -15,6 +15,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from samebits.kernels.configs import LAUNCH, TILE_CONFIGS
+from samebits.kernels.triton.matmul import pipeline_stages
 
 # atom.global.add.f32, red.shared.add.noftz.bf16x2, atom.add.f16 ...: any atomic or reduction on a float type.
 FLOAT_ATOMIC = re.compile(r"\b(atom|red)(\.\w+)*\.(f16|bf16|f32|f64)(x2)?\b")
@@ -46,7 +47,8 @@ def _matmul_specs():
                          "PRECISION": "ieee" if dt == "fp32" else "tf32"}
                 aligned = ["a_ptr", "b_ptr", "c_ptr", "bias_ptr", "N", "K", "stride_am", "stride_bn", "stride_cm"]
                 specs.append((f"matmul {bm}x{bn}x{bk} {dt} even_k={even_k}",
-                              _spec(fn, types, const, aligned, {"num_warps": warps, "num_stages": stages})))
+                              _spec(fn, types, const, aligned, {"num_warps": warps, "num_stages": pipeline_stages(
+                                  bm, bn, bk, stages, 4 if dt == "fp32" else 2)})))
     return specs
 
 

@@ -10,6 +10,9 @@ from samebits.kernels.configs import LAUNCH, TILE_CONFIGS
 from samebits.kernels.triton.mma import mma
 
 _FP = {torch.bfloat16, torch.float16, torch.float32}
+# Shared memory the K pipeline may take (stages - 1 buffered A and B tiles): the H200's 227 KiB per block less room for
+# the epilogue. The table's rows are sized for 2-byte inputs; float32 ones get fewer stages, which moves no bit.
+_PIPELINE_BYTES = 200 * 1024
 
 
 @triton.jit
@@ -69,6 +72,11 @@ def tile_for(m: int, table=None) -> list:
     raise AssertionError("the matmul table's last row must cover every M")
 
 
+def pipeline_stages(bm: int, bn: int, bk: int, stages: int, itemsize: int) -> int:
+    """The row's stages, fewer where its buffered tiles of this element size would pass _PIPELINE_BYTES."""
+    return min(stages, 1 + _PIPELINE_BYTES // ((bm + bn) * bk * itemsize))
+
+
 def matmul_kn(a, b, bias=None, config=None, out_dtype=None):
     """a [M, K] @ b [K, N] (+ bias [N]) -> [M, N] in out_dtype (default a.dtype). a and b may be strided views (a K
     slice of activations, F.linear weights transposed)."""
@@ -85,6 +93,7 @@ def matmul_kn(a, b, bias=None, config=None, out_dtype=None):
     if k == 0:
         return c.zero_() if bias is None else c.copy_(bias.expand(m, n))
     _, bm, bn, bk, warps, stages, group_m = config or tile_for(m)
+    stages = pipeline_stages(bm, bn, bk, stages, a.element_size())
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _matmul_kernel[grid](
         a, b, c, bias if bias is not None else c, m, n, k,
