@@ -31,7 +31,7 @@ def add_admin_routes(app: FastAPI, state) -> None:
     @app.post("/admin/update_weights")
     async def update_weights(request: Request) -> Response:
         _require_key(state)
-        req = await read_model(request, UpdateWeightsRequest, state.config.max_body_bytes)
+        req = await read_model(request, UpdateWeightsRequest, state.config.max_body_bytes, state.parse_turn)
         tensors = await asyncio.to_thread(_read_tensors, req.path, state.engine.info().dtype)
         version = await _update(state.ae, tensors, req.version)
         state.fingerprint.clear()

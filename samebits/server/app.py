@@ -48,7 +48,7 @@ def guarded(fn):
 async def handle(state: ServerState, request: Request, model: type[BaseModel], build) -> Response:
     """One generation request: parse the body, build its Job, run it and respond."""
     try:
-        req = await read_model(request, model, state.config.max_body_bytes)
+        req = await read_model(request, model, state.config.max_body_bytes, state.parse_turn)
     except ClientDisconnect:
         state.metrics.disconnects.inc()
         return Response(status_code=STATUS_CLIENT_GONE)

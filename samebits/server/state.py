@@ -1,6 +1,7 @@
 """`ServerState`: what every request of one server shares (engine, tokenizer, limits, fingerprint, metrics)."""
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from json.encoder import encode_basestring
@@ -72,6 +73,8 @@ class ServerState:
         self.metrics = Metrics(async_engine, config.model_name)
         self.created = int(time.time())
         self.max_prompt_chars = config.max_prompt_chars or PROMPT_CHARS_PER_TOKEN * self.max_model_len
+        # Big request bodies are parsed one at a time under it (server/requests.py BIG_BODY_BYTES).
+        self.parse_turn = asyncio.Lock()
         self._token_text: dict[int, str] = {}
         self._token_json: dict[int, tuple[str, int]] = {}
 
