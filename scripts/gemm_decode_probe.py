@@ -6,7 +6,9 @@ At batch 1 the proven cuBLASLt route runs qkv, o and down with 64-row tiles of t
 132 SMs, 3.56 TB/s against gate_up's 4.2 (docs/BENCHMARKS.md section 8). Every tile of the sequential-K Triton kernel
 gives the same bits (kernels/configs.py "matmul"), so a tile with more programs is a free choice if it is faster.
 Each case is timed in a CUDA graph over enough weight copies to stream 4x the L2 (benchmarks/kernels.py), and its
-bits are compared with the table's tile. Prints a table and writes OUT_DIR/gemm_decode.json.
+bits are compared with the table's tile. First, a chain of dependent M = 1 GEMMs times programmatic dependent launch
+and an L2 weight prefetch (`_pdl_matmul_kernel`, an experiment not used by samebits). Prints a table and writes
+OUT_DIR/gemm_chain.json and OUT_DIR/gemm_decode.json (docs/BENCHMARKS.md section 2).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from kernels import bench_graph, copies_for  # benchmarks/kernels.py
 import samebits.kernels.triton.matmul as tm
 from samebits.kernels import vendor_gemm
 
+SEED = 20261202
 # (name, N, K) of Llama-3-8B's linears.
 SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
           ("lm_head", 128256, 4096)]
@@ -180,20 +183,20 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator(device="cuda")
-    gen.manual_seed(20261202)
+    gen.manual_seed(SEED)
     chain = _chain(gen)
     with open(os.path.join(args.out, "gemm_chain.json"), "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "seed": 20261202, "rows": chain}, f, indent=1)
-    rows = []
+        json.dump({"device": torch.cuda.get_device_name(), "seed": SEED, "rows": chain}, f, indent=1)
     if args.chain_only:
         return
+    rows = []
     for m in (int(v) for v in args.m.split(",")):
         for name, n, k in SHAPES:
             case = _case(name, n, k, m, gen)
             _print(case)
             rows += case
             with open(os.path.join(args.out, "gemm_decode.json"), "w") as f:  # after each case: a time limit keeps it
-                json.dump({"device": torch.cuda.get_device_name(), "seed": 20261202, "rows": rows}, f, indent=1)
+                json.dump({"device": torch.cuda.get_device_name(), "seed": SEED, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

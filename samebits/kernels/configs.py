@@ -28,8 +28,7 @@ TILE_CONFIGS["matmul"] = {
     "steps of 256 per program, the fastest of 40 tiles or within 2.2 % of it at every 8B weight shape, 15-24 % "
     "faster than [16, 32, 128] (lm_head 252 vs 306 us, o 13.6 vs 18.0), all 40 with the same bits; at M = 8 and 16 "
     "it was 1-7 % slower than [16, 32, 128] at qkv, o and the lm_head, faster at gate_up and down, so the row serves "
-    "M = 1 alone "
-    "(scripts/gemm_decode_probe.py, docs/BENCHMARKS.md section 2).",
+    "M = 1 alone (scripts/gemm_decode_probe.py, docs/BENCHMARKS.md section 2).",
 }
 
 TILE_CONFIGS["vendor_gemm"] = {
