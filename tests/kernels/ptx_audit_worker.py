@@ -57,11 +57,12 @@ def _row_specs():
     rms, sm = _jit("norms", "_rms_norm_kernel"), _jit("softmax", "_softmax_kernel")
     rcfg, scfg, dcfg = (TILE_CONFIGS[k]["config"] for k in ("rms_norm", "softmax", "det_sum"))
     for dt in DTYPES:
-        for res in (False, True):
+        for res, one in itertools.product((False, True), (False, True)):
             types = {p: f"*{dt}" for p in ("x_ptr", "r_ptr", "w_ptr", "y_ptr", "s_ptr")}
             types.update({a: "i32" for a in ("H", "stride_x", "stride_r", "stride_y", "stride_s")}, eps="fp32")
-            specs.append((f"rms_norm {dt} res={res}", _spec(rms, types, {"HAS_RES": res, "BLOCK": rcfg["max_block"]},
-                                                           ["x_ptr", "y_ptr"], {"num_warps": rcfg["num_warps"]})))
+            const = {"HAS_RES": res, "BLOCK": rcfg["max_block"], "ONE_BLOCK": one}
+            specs.append((f"rms_norm {dt} res={res} one_block={one}", _spec(rms, types, const, ["x_ptr", "y_ptr"],
+                                                                            {"num_warps": rcfg["num_warps"]})))
         for log in (False, True):
             types = {"x_ptr": f"*{dt}", "y_ptr": "*fp32", "N": "i32", "stride_x": "i32", "stride_y": "i32"}
             specs.append((f"softmax {dt} log={log}", _spec(sm, types, {"LOG": log, "BLOCK": scfg["max_block"]},

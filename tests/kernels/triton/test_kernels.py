@@ -64,6 +64,29 @@ def test_rms_norm_values(dtype, seed):
     _close(normed.cpu(), ref(s).cpu(), dtype, "add_rms_norm")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("residual", [False, True])
+def test_rms_norm_one_block_path_gives_the_two_pass_bits(dtype, residual, seed):
+    # A row that fits one block is kept in registers (ONE_BLOCK); the loop that reads it again must give its bits.
+    rn, g = _mod("norms"), fresh_generator(seed)
+    x, w, r = rand((5, 4096), dtype, g, DEV, 3.0), rand((4096,), dtype, g, DEV), rand((5, 4096), dtype, g, DEV)
+    res = r if residual else None
+    one, looped = rn._launch(x, res, w, 1e-6), rn._launch(x, res, w, 1e-6, one_block=False)
+    assert_same_bits(one[0], looped[0], f"rms_norm {dtype} residual={residual}")
+    assert_same_bits(one[1], looped[1], f"rms_norm sum {dtype} residual={residual}")
+    # The control: another eps changes the output's bits, so the comparison can fail.
+    assert mismatch(rn._launch(x, res, w, 1e-3)[0], one[0]).differing > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_values_over_several_blocks(dtype, seed):
+    rn, g = _mod("norms"), fresh_generator(seed)
+    x, w, r = rand((2, 5000), dtype, g, DEV, 3.0), rand((5000,), dtype, g, DEV), rand((2, 5000), dtype, g, DEV)
+    ref = lambda t: (t.double() * torch.rsqrt(t.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double())
+    normed, s = rn.add_rms_norm(x, r, w, 1e-6)
+    _close(normed.cpu(), ref(s).cpu(), dtype, "add_rms_norm over two blocks")
+
+
 def test_rms_norm_rows_independent(seed):
     rn, g = _mod("norms"), fresh_generator(seed)
     w, row = rand((300,), torch.float32, g, DEV), rand((300,), torch.float32, g, DEV)
