@@ -1,13 +1,16 @@
-"""H200 A/B: a decode step (benchmarks/steps.py's measure: deterministic, async scheduling, tight grids) with the
-matmul table's first row as committed and as another tile, in interleaved rounds in one process.
+"""H200 A/B of a decode step (benchmarks/steps.py's measure: deterministic, async scheduling, tight grids), the two
+variants in interleaved rounds in one process. Neither variant may change a bit; only the time may differ.
 
-    python scripts/steps_matmul_tile.py OUT_DIR OLD_ROW NEW_ROW [--batches 1] [--rounds 2]
+    python scripts/steps_ab.py OUT_DIR tile OLD_ROW NEW_ROW [--batches 1] [--rounds 2]
+    python scripts/steps_ab.py OUT_DIR norm [--batches 1,64] [--rounds 2]
 
-A row is the table's comma-separated [max_M, BM, BN, BK, warps, stages, GROUP_M]. Every tile of the sequential-K
-kernel gives the same bits (kernels/configs.py "matmul"), so only the time may differ; at batch 1 the row serves
-the eager lm_head (docs/BENCHMARKS.md section 8). Writes OUT_DIR/steps_matmul_tile.json.
+tile: the matmul table's first row as committed and as another tile, each a comma-separated [max_M, BM, BN, BK,
+warps, stages, GROUP_M] (every tile of the sequential-K kernel gives the same bits, kernels/configs.py "matmul"; at
+batch 1 the row serves the eager lm_head). norm: RMSNorm rows that fit one block kept in registers (the kernel's
+ONE_BLOCK) or read again by the two-pass loop (kernels/triton/norms.py). Writes OUT_DIR/steps_ab.WHAT.json.
 """
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -20,29 +23,44 @@ from samebits.diagnostics.bench.shapes import random_shape_model
 from samebits.kernels.configs import TILE_CONFIGS
 
 
+def _tile_variants(old: str, new: str) -> dict:
+    table = TILE_CONFIGS["matmul"]["config"]
+    rows = {"old": [int(v) for v in old.split(",")], "new": [int(v) for v in new.split(",")]}
+    return {name: (row, lambda row=row: table.__setitem__(0, row)) for name, row in rows.items()}
+
+
+def _norm_variants() -> dict:
+    from samebits.kernels.triton import norms
+
+    launch = norms._launch
+    return {"two-pass": ("one_block=False", lambda: setattr(norms, "_launch",
+                                                            functools.partial(launch, one_block=False))),
+            "one-block": ("one_block by H", lambda: setattr(norms, "_launch", launch))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
-    ap.add_argument("old")
-    ap.add_argument("new")
+    ap.add_argument("what", choices=["tile", "norm"])
+    ap.add_argument("rows", nargs="*", help="tile: OLD_ROW NEW_ROW")
     ap.add_argument("--batches", default="1")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    table = TILE_CONFIGS["matmul"]["config"]
-    rows = {name: [int(v) for v in text.split(",")] for name, text in (("old", args.old), ("new", args.new))}
+    variants = _tile_variants(*args.rows) if args.what == "tile" else _norm_variants()
     batches = [int(b) for b in args.batches.split(",")]
     loaded = random_shape_model("8b", e2e.DEVICE)
     results = []
     for r in range(args.rounds):
-        for name, row in rows.items():
-            table[0] = row
+        for name, (setting, apply) in variants.items():
+            apply()
             for m in measure(loaded, "deterministic", True, "tight", batches, 512, 30):
-                results.append({"round": r, "tile": name, "row": row, "batch": m["batch"], "wall_ms": m["wall_ms"],
-                                "gpu_busy_ms": m["gpu_busy_ms"], "top_kernels_ms": m["top_kernels_ms"]})
-                print(f"round {r} {name} {row} batch {m['batch']}: wall {m['wall_ms']:.3f} ms, "
+                results.append({"round": r, "variant": name, "setting": setting, "batch": m["batch"],
+                                "wall_ms": m["wall_ms"], "gpu_busy_ms": m["gpu_busy_ms"],
+                                "top_kernels_ms": m["top_kernels_ms"]})
+                print(f"round {r} {name} {setting} batch {m['batch']}: wall {m['wall_ms']:.3f} ms, "
                       f"busy {m['gpu_busy_ms']:.3f} ms", flush=True)
-    (args.out / "steps_matmul_tile.json").write_text(json.dumps(results, indent=1))
+    (args.out / f"steps_ab.{args.what}.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
