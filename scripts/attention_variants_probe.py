@@ -43,10 +43,15 @@ PREFILL = [1024, 2048, 4096, 8192]
 # "_GRID": the launch's metadata says max_context_len = that, as a CUDA graph's does (engine/cuda_graphs.py);
 # "_PARALLEL": the launcher's parallel_splits. SPLIT 256 changes bits: with splits folded at large batches (no merge)
 # and parallel at small ones, a smaller split may win at both ends (docs/BENCHMARKS.md §3).
-DECODE_VARIANTS = [("before", "before", None, None, 4), ("after", "after", None, None, 4),
-                   ("after merge kernel", "after", None, None, 4, {"FUSED_MERGE": False}),
-                   ("after parallel", "after", None, None, 4, {"_PARALLEL": True}),
-                   ("after folded", "after", None, None, 4, {"_PARALLEL": False})]
+# The last run's decode variants (docs/results/attention_variants.h200.decode_rows.json): the committed decode tile
+# (16 rows on N, 4 warps) against decode in prefill-style tiles, rows on M (64 rows at 4 or 8 warps, 128 at 8; the
+# same bits by the MMA-roles probe), and the decode tile at 8 warps. "before" is main's copy of this kernel.
+DECODE_VARIANTS = [("r16 w4", "after", None, None, 4),
+                   ("r64 w4", "after", 64, None, 4, {"PREFILL_WARPS": 4}),
+                   ("r64 w8", "after", 64, None, 4, {"PREFILL_WARPS": 8}),
+                   ("r128 w8", "after", 128, None, 4, {"PREFILL_WARPS": 8}),
+                   ("r16 w8", "after", None, None, 8),
+                   ("r64 w4 par", "after", 64, None, 4, {"PREFILL_WARPS": 4, "_PARALLEL": True})]
 # Prefill tiles with the rows on M (kernels/triton/attention.py): 64 rows at 4 warps (one warpgroup) or 8 (the N side
 # shared by two), 128 rows at 8 (two warpgroups of 64 rows), 2 to 4 stages; the same bits by the MMA-roles probe.
 PREFILL_VARIANTS = [("before r64 w4 s2", "before", 64, 2, 4), ("after r128 w8 s3", "after", 128, 3, 8),
