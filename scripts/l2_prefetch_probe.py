@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 sys.path[:0] = [".", "benchmarks"]
-from attention import BS, D, HKV, HQ, to_pages  # benchmarks/attention.py
+from attention import BS, HKV, HQ, D, to_pages  # benchmarks/attention.py
 from kernels import bench_graph  # benchmarks/kernels.py
 
 from samebits.kernels import vendor_gemm

@@ -33,9 +33,8 @@ def _norm_variants() -> dict:
     from samebits.kernels.triton import norms
 
     launch = norms._launch
-    return {"two-pass": ("one_block=False", lambda: setattr(norms, "_launch",
-                                                            functools.partial(launch, one_block=False))),
-            "one-block": ("one_block by H", lambda: setattr(norms, "_launch", launch))}
+    return {"two-pass": ("two_pass=True", lambda: setattr(norms, "_launch", functools.partial(launch, two_pass=True))),
+            "one-block": ("one block where H fits", lambda: setattr(norms, "_launch", launch))}
 
 
 def main() -> None:

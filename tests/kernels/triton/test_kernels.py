@@ -71,7 +71,7 @@ def test_rms_norm_one_block_path_gives_the_two_pass_bits(dtype, residual, seed):
     rn, g = _mod("norms"), fresh_generator(seed)
     x, w, r = rand((5, 4096), dtype, g, DEV, 3.0), rand((4096,), dtype, g, DEV), rand((5, 4096), dtype, g, DEV)
     res = r if residual else None
-    one, looped = rn._launch(x, res, w, 1e-6), rn._launch(x, res, w, 1e-6, one_block=False)
+    one, looped = rn._launch(x, res, w, 1e-6), rn._launch(x, res, w, 1e-6, two_pass=True)
     assert_same_bits(one[0], looped[0], f"rms_norm {dtype} residual={residual}")
     assert_same_bits(one[1], looped[1], f"rms_norm sum {dtype} residual={residual}")
     # The control: another eps changes the output's bits, so the comparison can fail.
