@@ -173,6 +173,34 @@ def _attention_specs():
                                    {**options, **fusion})) for name, fn, sig, const, options in raw]
 
 
+def _gluon_specs():
+    """The Gluon decode tile (kernels/triton/attention_gluon.py) in both 16-bit dtypes and head dims, folding and
+    partial with its fused merge, on pages of whole KV tiles (the only pages it takes), as attention.py launches it."""
+    from triton.experimental.gluon import language as gl
+
+    fn = _jit("attention_gluon", "_decode_kernel")
+    query_tile = TILE_CONFIGS["attention.query_tile"]["config"]
+    block_n = TILE_CONFIGS["attention.kv_tile"]["config"]["tokens"]
+    specs = []
+    for (dtype, gl_dtype), d, partial in itertools.product((("bf16", gl.bfloat16), ("fp16", gl.float16)), (64, 128),
+                                                         (False, True)):
+        desc = f"tensordesc<{dtype}[{block_n}, {d}],{gl.NVMMASharedLayout.get_default_for([block_n, d], gl_dtype)!r}>"
+        sig = {"Q": "*" + dtype, "KD": desc, "VD": desc, "O": "*" + dtype, "PM": "*fp32", "PL": "*fp32",
+               "PACC": "*fp32", "SEM": "*i32" if partial else "*" + dtype, "cu_seqlens_q": "*i32",
+               "context_lens": "*i32", "block_tables": "*i32", "qk_scale": "fp32", "n_split_grid": "i32",
+               "num_q_heads": "i32"}
+        sig.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_bt")})
+        const = {"G": 4, "BQ": query_tile["decode_rows"], "BLOCK_N": block_n, "D": d, "BS": block_n,
+                 "SPLIT": TILE_CONFIGS["attention.split_kv"]["config"]["tokens"], "PARTIAL": partial,
+                 "STAGES": importlib.import_module("samebits.kernels.triton.attention_gluon").STAGES,
+                 "FUSED_MERGE": partial}
+        sig.update({n: "constexpr" for n in const})
+        specs.append((f"attention gluon_decode_{dtype}_d{d}_{'partial' if partial else 'fold'}",
+                      (fn, sig, const, _runtime_alignment(fn, sig),
+                       {"num_warps": 4, "enable_fp_fusion": query_tile["fp_fusion"]})))
+    return specs
+
+
 def _runtime_alignment(fn, sig):
     """The divisibility the runtime specialises a paged-attention launch on: every pointer (torch allocations) and
     every cache, query and output stride is a multiple of 16 elements at the head dims with a tile; the block
@@ -183,7 +211,10 @@ def _runtime_alignment(fn, sig):
 
 def _ptx(spec):
     fn, sig, const, attrs, options = spec
-    return triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    source = ASTSource
+    if fn.is_gluon():
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    return triton.compile(source(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
 
 
 def _float_atomics(ptx):
@@ -201,7 +232,7 @@ def _report(ptx):
 
 
 def main():
-    specs = _matmul_specs() + _row_specs() + _attention_specs()
+    specs = _matmul_specs() + _row_specs() + _attention_specs() + _gluon_specs()
     specs.append(("control: tl.atomic_add fp32", _spec(_atomic_control, {"x_ptr": "*fp32", "out_ptr": "*fp32"}, {},
                                                         [], {"num_warps": 1})))
     fn, sig, const, attrs, options = dict(specs)["attention paged_attention_bf16_d128_partial_page16"]

@@ -66,3 +66,13 @@ def test_paged_attention_pipelines_its_loads_and_uses_wgmma(audit):
     # The controls: the same kernel at 2 warps (mma.sync) and without the alignment (no cp.async) are seen.
     assert not audit["control: paged attention at 2 warps"]["wgmma"]
     assert not audit["control: paged attention unaligned"]["cp_async"]
+
+
+def test_the_gluon_decode_tile_is_audited(audit):
+    # Both 16-bit dtypes and head dims, folding and partial (with the fused merge's integer counter): wgmma, TMA copies
+    # and no float atomic, like attention.py's decode tiles whose bits it gives.
+    names = [n for n in audit if n.startswith("attention gluon_decode")]
+    assert len(names) == 8, names
+    for name in names:
+        assert audit[name]["wgmma"] and audit[name]["tma"], f"{name}: no wgmma or no TMA"
+        assert not audit[name]["float_atomics"], f"{name}: {audit[name]['float_atomics']}"

@@ -420,6 +420,24 @@ _COUNTERS: dict[torch.device, torch.Tensor] = {}
 MIN_COUNTERS = 1 << 16
 
 
+# Decode launches of at most this many programs run the Gluon tile (attention_gluon.py) on Hopper, in 16-bit dtypes on
+# pages of whole KV tiles: the same bits, the next tile's scores in flight during the softmax. On the H200, in CUDA
+# graphs: 1 x 512 tokens 8.2 against 9.0 us, 1 x 2048 14.9 against 16.6, 1 x 8192 17.2 against 18.7, 8 x 512 8.5
+# against 9.3, 8 x 2048 (128 programs) 22.1 against 22.6; but 1 x 32768 (256 programs) 51.6 against 45.1 and 32 x 2048
+# 70.8 against 64.7, where programs share SMs (docs/results/gluon_decode.h200.json). 0 turns it off.
+GLUON_PROGRAMS = 128
+
+
+def _gluon_decode(q, k_cache, meta, rows: int, parallel_splits: bool) -> bool:
+    """Whether this launch takes the Gluon decode tile (GLUON_PROGRAMS)."""
+    if rows >= ROWS_ON_M or k_cache.shape[1] % BLOCK_N or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if not q.is_cuda or interpreting() or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    n_split_grid = cdiv(meta.max_context_len, SPLIT) if parallel_splits else 1
+    return meta.num_seqs * k_cache.shape[2] * n_split_grid <= GLUON_PROGRAMS
+
+
 def default_parallel_splits(meta, tokens_per_tile: int, kv_heads: int) -> bool:
     """Decode-shaped batches run their splits in parallel, except many programs' short contexts (FOLD_PROGRAMS);
     the bits are the same either way (tested)."""
@@ -484,6 +502,12 @@ def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool 
     tokens_per_tile = rows // g
     if parallel_splits is None:
         parallel_splits = default_parallel_splits(meta, tokens_per_tile, h_kv)
+    if _gluon_decode(q, k_cache, meta, rows, parallel_splits):
+        from samebits.kernels.triton import attention_gluon
+
+        attention_gluon.launch(q, k_cache, v_cache, meta, scale, out, parallel_splits, rows,
+                               fused_merge=FUSED_MERGE)
+        return
     n_split_grid = cdiv(meta.max_context_len, SPLIT) if parallel_splits else 1
     on_m = rows >= ROWS_ON_M
     run_in_memory = on_m and not parallel_splits  # touched only where a tile's rows reach a second split
