@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The GPU proof in one call (device machine: image python, PYTHONPATH=., no install except carried wheels).
-# Usage: bash scripts/gpu_proof.sh [tests|tests-kernels|tests-others|tests-ids|probe|kernels|attention|pages|repro-2g|variants|variants-prefill|gemm-decode|mma-roles|e2e|server|server-process|steps|steps-tile|steps-norm|mixed|rl|tp1 ...];
+# Usage: bash scripts/gpu_proof.sh [tests|tests-kernels|tests-others|tests-ids|probe|kernels|attention|pages|repro-2g|variants|variants-prefill|gemm-decode|mma-roles|e2e|server|server-process|steps|steps-tile|steps-norm|steps-gluon|gluon-decode|mixed|rl|tp1 ...];
 # results under $OUT. With no step named it runs tests probe kernels attention e2e (~25 min): name the steps.
 # tests-kernels and tests-others are the two halves of tests, each under one call's 10 minutes with a cold Triton cache.
 # tests-ids runs the GPU tests named in scripts/_gpu_test_ids.txt (untracked, it travels: a run's tail after a time limit).
 # variants needs scripts/_attention_before.py (untracked, it travels): git show main:samebits/kernels/triton/attention.py;
 # VARIANTS_ONLY=prefill,... picks the probe's parts, VARIANTS_ROUNDS=3 times each case three times, VARIANTS_COLD=1
 # times decode again with its KV read from HBM.
-# E2E_ARGS (e.g. --skip-hf) go to the e2e step. steps-tile: STEPS_TILE="OLD_ROW NEW_ROW", steps-norm: STEPS_BATCHES (scripts/steps_ab.py).
+# E2E_ARGS (e.g. --skip-hf) go to the e2e step. steps-tile: STEPS_TILE="OLD_ROW NEW_ROW", steps-norm and steps-gluon: STEPS_BATCHES (scripts/steps_ab.py).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 OUT=${OUT:-out}
@@ -73,6 +73,8 @@ for step in $steps; do
     steps256) python3 benchmarks/steps.py --out "$OUT" --batches 256 ;;
     steps-tile) timeout 420 python3 scripts/steps_ab.py "$OUT" tile ${STEPS_TILE:?old and new matmul rows} ;;
     steps-norm) timeout 480 python3 scripts/steps_ab.py "$OUT" norm --batches "${STEPS_BATCHES:-1,64}" ;;
+    steps-gluon) timeout 480 python3 scripts/steps_ab.py "$OUT" gluon --batches "${STEPS_BATCHES:-1}" ;;
+    gluon-decode) timeout 400 python3 scripts/gluon_decode_probe.py "$OUT" ;;
     steps1) python3 benchmarks/steps.py --out "$OUT" --batches 1 ;;
     mixed) python3 benchmarks/mixed.py --out "$OUT" ;;
     rl) python3 benchmarks/rl.py --out "$OUT" ;;

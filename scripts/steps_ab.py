@@ -3,11 +3,13 @@ variants in interleaved rounds in one process. Neither variant may change a bit;
 
     python scripts/steps_ab.py OUT_DIR tile OLD_ROW NEW_ROW [--batches 1] [--rounds 2]
     python scripts/steps_ab.py OUT_DIR norm [--batches 1,64] [--rounds 2]
+    python scripts/steps_ab.py OUT_DIR gluon [--batches 1] [--rounds 2]
 
 tile: the matmul table's first row as committed and as another tile, each a comma-separated [max_M, BM, BN, BK,
 warps, stages, GROUP_M] (every tile of the sequential-K kernel gives the same bits, kernels/configs.py "matmul"; at
 batch 1 the row serves the eager lm_head). norm: RMSNorm rows that fit one block kept in registers (the kernel's
-ONE_BLOCK) or read again by the two-pass loop (kernels/triton/norms.py). Writes OUT_DIR/steps_ab.WHAT.json.
+ONE_BLOCK) or read again by the two-pass loop (kernels/triton/norms.py). gluon: decode attention of few programs in
+the Gluon tile or in attention.py's kernel (kernels/triton/attention.py GLUON_PROGRAMS). Writes OUT_DIR/steps_ab.WHAT.json.
 """
 import argparse
 import functools
@@ -37,16 +39,24 @@ def _norm_variants() -> dict:
             "one-block": ("one block where H fits", lambda: setattr(norms, "_launch", launch))}
 
 
+def _gluon_variants() -> dict:
+    from samebits.kernels.triton import attention
+
+    programs = attention.GLUON_PROGRAMS
+    return {"triton": ("GLUON_PROGRAMS=0", lambda: setattr(attention, "GLUON_PROGRAMS", 0)),
+            "gluon": (f"GLUON_PROGRAMS={programs}", lambda: setattr(attention, "GLUON_PROGRAMS", programs))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
-    ap.add_argument("what", choices=["tile", "norm"])
+    ap.add_argument("what", choices=["tile", "norm", "gluon"])
     ap.add_argument("rows", nargs="*", help="tile: OLD_ROW NEW_ROW")
     ap.add_argument("--batches", default="1")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    variants = _tile_variants(*args.rows) if args.what == "tile" else _norm_variants()
+    variants = {"tile": lambda: _tile_variants(*args.rows), "norm": _norm_variants, "gluon": _gluon_variants}[args.what]()
     batches = [int(b) for b in args.batches.split(",")]
     loaded = random_shape_model("8b", e2e.DEVICE)
     results = []
