@@ -430,7 +430,9 @@ GLUON_PROGRAMS = 128
 
 def _gluon_decode(q, k_cache, meta, rows: int, parallel_splits: bool) -> bool:
     """Whether this launch takes the Gluon decode tile (GLUON_PROGRAMS)."""
-    if rows >= ROWS_ON_M or k_cache.shape[1] % BLOCK_N or q.dtype not in (torch.float16, torch.bfloat16):
+    if rows >= ROWS_ON_M or meta.max_query_len * (q.shape[1] // k_cache.shape[2]) > rows:
+        return False  # prefill tiles, or decode tiles forced onto several query tiles a sequence (never tested there)
+    if k_cache.shape[1] % BLOCK_N or q.dtype not in (torch.float16, torch.bfloat16):
         return False
     if not q.is_cuda or interpreting() or torch.cuda.get_device_capability(q.device)[0] != 9:
         return False
