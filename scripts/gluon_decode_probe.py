@@ -11,6 +11,7 @@ decode shapes of benchmarks/attention.py, L2 warm and (cold) with the KV read fr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -73,13 +74,12 @@ def check_bits(gen) -> list[dict]:
     for q_lens, ctxs, page, dtype, par in BIT_CASES:
         q, kc, vc, meta = _case(q_lens, ctxs, page, dtype, gen)
         scale = D ** -0.5
-        at.GLUON_PROGRAMS = 0
-        ref = at.paged_attention(q, kc, vc, meta, scale, parallel_splits=par)
+        ref = _triton(q, kc, vc, meta, scale, parallel_splits=par)
         ok = {}
         for stages in STAGE_VARIANTS:
-            got = ag.paged_decode(q, kc, vc, meta, scale, parallel_splits=par, stages=stages)
+            got = _gluon(q, kc, vc, meta, scale, stages=stages, parallel_splits=par)
             ok[f"s{stages}"] = bool(torch.equal(_bits(got), _bits(ref)))
-        control = ag.paged_decode(q, kc, vc, meta, scale * 1.0001, parallel_splits=par)
+        control = _gluon(q, kc, vc, meta, scale * 1.0001, parallel_splits=par)
         row = {"q_lens": q_lens[:6], "ctxs": ctxs[:6], "n": len(ctxs), "page": page, "dtype": str(dtype),
                "parallel": par, **ok, "control_differs": not torch.equal(_bits(control), _bits(ref)),
                "finite": bool(torch.isfinite(ref).all())}
@@ -103,14 +103,27 @@ def _cycled(fn, copies):
     return call
 
 
-def _triton(q, kc, vc, meta, scale, fused=True):
-    """attention.py's own kernel (never the Gluon tile)."""
-    saved = at.GLUON_PROGRAMS, at.FUSED_MERGE
-    at.GLUON_PROGRAMS, at.FUSED_MERGE = 0, fused
+@contextlib.contextmanager
+def _switches(gluon_programs: int, fused: bool, stages: int = ag.STAGES):
+    """attention.py's GLUON_PROGRAMS and FUSED_MERGE and the Gluon tile's STAGES, restored on exit."""
+    saved = at.GLUON_PROGRAMS, at.FUSED_MERGE, ag.STAGES
+    at.GLUON_PROGRAMS, at.FUSED_MERGE, ag.STAGES = gluon_programs, fused, stages
     try:
-        return at.paged_attention(q, kc, vc, meta, scale)
+        yield
     finally:
-        at.GLUON_PROGRAMS, at.FUSED_MERGE = saved
+        at.GLUON_PROGRAMS, at.FUSED_MERGE, ag.STAGES = saved
+
+
+def _triton(q, kc, vc, meta, scale, fused=True, parallel_splits=None):
+    """attention.py's own kernel (never the Gluon tile)."""
+    with _switches(0, fused):
+        return at.paged_attention(q, kc, vc, meta, scale, parallel_splits=parallel_splits)
+
+
+def _gluon(q, kc, vc, meta, scale, stages=ag.STAGES, fused=True, parallel_splits=None):
+    """The Gluon tile at any program count."""
+    with _switches(1 << 30, fused, stages):
+        return at.paged_attention(q, kc, vc, meta, scale, parallel_splits=parallel_splits)
 
 
 def _variants(q, meta, scale):
@@ -120,10 +133,6 @@ def _variants(q, meta, scale):
         variants[f"gluon s{stages}"] = functools.partial(_gluon, q, meta=meta, scale=scale, stages=stages)
     variants["gluon merge kernel"] = functools.partial(_gluon, q, meta=meta, scale=scale, fused=False)
     return variants
-
-
-def _gluon(q, kc, vc, meta, scale, stages=ag.STAGES, fused=True):
-    return ag.paged_decode(q, kc, vc, meta, scale, stages=stages, fused_merge=fused)
 
 
 def time_case(batch: int, ctx: int, gen, cold: bool, round_: int) -> dict:

@@ -15,6 +15,8 @@ picks which of a tile's split programs merges the splits (_merge_if_last), never
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -428,13 +430,18 @@ MIN_COUNTERS = 1 << 16
 GLUON_PROGRAMS = 128
 
 
+@functools.cache
+def _hopper(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
 def _gluon_decode(q, k_cache, meta, rows: int, parallel_splits: bool) -> bool:
     """Whether this launch takes the Gluon decode tile (GLUON_PROGRAMS)."""
     if rows >= ROWS_ON_M or meta.max_query_len * (q.shape[1] // k_cache.shape[2]) > rows:
         return False  # prefill tiles, or decode tiles forced onto several query tiles a sequence (never tested there)
     if k_cache.shape[1] % BLOCK_N or q.dtype not in (torch.float16, torch.bfloat16):
         return False
-    if not q.is_cuda or interpreting() or torch.cuda.get_device_capability(q.device)[0] != 9:
+    if not q.is_cuda or interpreting() or not _hopper(q.device):
         return False
     n_split_grid = cdiv(meta.max_context_len, SPLIT) if parallel_splits else 1
     return meta.num_seqs * k_cache.shape[2] * n_split_grid <= GLUON_PROGRAMS
@@ -498,18 +505,12 @@ def _descriptor(cache: torch.Tensor, d: int) -> TensorDescriptor:
 def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool | None, rows: int | None) -> None:
     """The kernel over meta's sequences, whose new tokens are rows of q, into the same rows of out."""
     t, hq, d = q.shape
-    bs, h_kv = k_cache.shape[1], k_cache.shape[2]
+    h_kv = k_cache.shape[2]
     g = hq // h_kv
     rows = rows or tile_rows(meta.max_query_len, g)
     tokens_per_tile = rows // g
     if parallel_splits is None:
         parallel_splits = default_parallel_splits(meta, tokens_per_tile, h_kv)
-    if _gluon_decode(q, k_cache, meta, rows, parallel_splits):
-        from samebits.kernels.triton import attention_gluon
-
-        attention_gluon.launch(q, k_cache, v_cache, meta, scale, out, parallel_splits, rows,
-                               fused_merge=FUSED_MERGE)
-        return
     n_split_grid = cdiv(meta.max_context_len, SPLIT) if parallel_splits else 1
     on_m = rows >= ROWS_ON_M
     run_in_memory = on_m and not parallel_splits  # touched only where a tile's rows reach a second split
@@ -521,14 +522,33 @@ def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool 
         pm = pl = pacc = out  # unused by the folding variant
     multi_split = run_in_memory and meta.max_context_len > SPLIT
     run = torch.empty(t, hq, d, dtype=torch.float32, device=q.device) if multi_split else out
-    upcast = interpreting()  # the interpreter's bf16/fp16 arithmetic is not the GPU's: compute in fp32 there
-    precision = "ieee" if upcast or q.dtype == torch.float32 else "tf32"  # fp32 operands: exact products, never tf32
     grid = (cdiv(meta.max_query_len, tokens_per_tile), meta.num_seqs, h_kv * n_split_grid)
-    tma = TMA_LOADS and bs % BLOCK_N == 0
-    kd, vd = (_descriptor(k_cache, d), _descriptor(v_cache, d)) if tma else (None, None)
     sem = None
     if parallel_splits and not on_m and FUSED_MERGE:
         sem = _counters(q.device, grid[0] * grid[1] * h_kv)
+    if _gluon_decode(q, k_cache, meta, rows, parallel_splits):
+        from samebits.kernels.triton import attention_gluon
+
+        attention_gluon.decode(grid, q, k_cache, v_cache, meta, float(scale) * LOG2E, out, pm, pl, pacc, sem,
+                               parallel_splits, n_split_grid, rows, BLOCK_N, SPLIT, FP_FUSION)
+    else:
+        _launch_triton(grid, q, k_cache, v_cache, meta, scale, out, pm, pl, pacc, run, sem, parallel_splits,
+                       n_split_grid, rows, on_m, run_in_memory)
+    if parallel_splits and sem is None:
+        _merge_splits_kernel[grid[:2] + (h_kv,)](
+            out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, n_split_grid, hq, out.stride(0), out.stride(1),
+            G=g, BQ=rows, D=d, SPLIT=SPLIT, num_warps=NUM_WARPS, enable_fp_fusion=FP_FUSION)
+
+
+def _launch_triton(grid, q, k_cache, v_cache, meta, scale: float, out, pm, pl, pacc, run, sem, parallel_splits: bool,
+                   n_split_grid: int, rows: int, on_m: bool, run_in_memory: bool) -> None:
+    """_paged_attention_kernel over grid with _launch's buffers."""
+    hq, d = q.shape[1], q.shape[2]
+    bs, g = k_cache.shape[1], hq // k_cache.shape[2]
+    upcast = interpreting()  # the interpreter's bf16/fp16 arithmetic is not the GPU's: compute in fp32 there
+    precision = "ieee" if upcast or q.dtype == torch.float32 else "tf32"  # fp32 operands: exact products, never tf32
+    tma = TMA_LOADS and bs % BLOCK_N == 0
+    kd, vd = (_descriptor(k_cache, d), _descriptor(v_cache, d)) if tma else (None, None)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, kd, vd, out, pm, pl, pacc, run, out if sem is None else sem, meta.cu_seqlens_q,
         meta.context_lens, meta.block_tables, float(scale) * LOG2E, n_split_grid, hq, q.stride(0), q.stride(1),
@@ -538,7 +558,3 @@ def _launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool 
         UPCAST=upcast, PRECISION=precision, ON_M=on_m, RUN_IN_MEMORY=run_in_memory, TMA=tma,
         FUSED_MERGE=sem is not None, num_warps=PREFILL_WARPS if on_m else NUM_WARPS, num_stages=NUM_STAGES,
         enable_fp_fusion=FP_FUSION)
-    if parallel_splits and sem is None:
-        _merge_splits_kernel[grid[:2] + (h_kv,)](
-            out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, n_split_grid, hq, out.stride(0), out.stride(1),
-            G=g, BQ=rows, D=d, SPLIT=SPLIT, num_warps=NUM_WARPS, enable_fp_fusion=FP_FUSION)

@@ -26,9 +26,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from samebits.arith import cdiv
-from samebits.kernels.triton import attention as at
-
 # The decode tile's wgmma layout: one warpgroup, instructions of 64 x 16 x 16 (attention.py's, read from its TTGIR).
 MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16]))
 ROW = gl.constexpr(gl.SliceLayout(0, MMA))  # [BQ]: the tile's query rows, on the MMA's N side
@@ -281,53 +278,28 @@ def _decode_kernel(Q, KD, VD, O, PM, PL, PACC, SEM, cu_seqlens_q, context_lens, 
             mbarrier.invalidate(bars.index(i))
 
 
-def _descriptor(cache: torch.Tensor, d: int) -> TensorDescriptor:
+def _descriptor(cache: torch.Tensor, d: int, block_n: int) -> TensorDescriptor:
     """A [NB, BS, Hkv, D] cache as [NB * BS, Hkv * D] rows, copied a KV tile of one head at a time."""
     flat = cache.view(-1, cache.shape[2] * d)
-    layout = gl.NVMMASharedLayout.get_default_for([at.BLOCK_N, d], gl.bfloat16 if cache.dtype == torch.bfloat16
+    layout = gl.NVMMASharedLayout.get_default_for([block_n, d], gl.bfloat16 if cache.dtype == torch.bfloat16
                                                   else gl.float16)
-    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [at.BLOCK_N, d], layout)
+    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_n, d], layout)
 
 
-def paged_decode(q, k_cache, v_cache, meta, scale: float, parallel_splits: bool | None = None,
-                 stages: int = STAGES, fused_merge: bool = True) -> torch.Tensor:
-    """q [T, Hq, D] -> [T, Hq, D] as attention.paged_attention gives it for a batch whose every sequence's new
-    tokens fit one decode tile (meta.max_query_len * G <= DECODE_ROWS), on pages of whole KV tiles."""
-    at._check_attention(q, k_cache, v_cache, meta)
-    rows = at.tile_rows(meta.max_query_len, q.shape[1] // k_cache.shape[2])
-    if parallel_splits is None:
-        parallel_splits = at.default_parallel_splits(meta, rows // (q.shape[1] // k_cache.shape[2]), k_cache.shape[2])
-    out = torch.empty_like(q)
-    launch(q, k_cache, v_cache, meta, scale, out, parallel_splits, rows, stages, fused_merge)
-    return out
-
-
-def launch(q, k_cache, v_cache, meta, scale: float, out, parallel_splits: bool, rows: int, stages: int = STAGES,
-           fused_merge: bool = True) -> None:
-    """The decode tile over meta's sequences into the same rows of out (attention.py's _launch, checked there)."""
-    t, hq, d = q.shape
-    bs, h_kv = k_cache.shape[1], k_cache.shape[2]
-    g = hq // h_kv
-    what = f"paged_decode[gluon](q {tuple(q.shape)} {q.dtype}, cache {tuple(k_cache.shape)}, {rows} rows)"
-    assert rows < at.ROWS_ON_M and meta.max_query_len * g <= rows, f"{what}: the new tokens need a prefill tile"
-    assert bs % at.BLOCK_N == 0, f"{what}: pages of {bs} tokens do not hold whole {at.BLOCK_N}-token tiles"
+def decode(grid, q, k_cache, v_cache, meta, qk_scale: float, out, pm, pl, pacc, sem, parallel_splits: bool,
+           n_split_grid: int, rows: int, block_n: int, split: int, fp_fusion: bool) -> None:
+    """The decode tile over grid (query tiles, B, Hkv * n_split_grid), launched by attention.py's _launch with its
+    buffers: partials pm/pl/pacc where splits run in parallel (merged here when sem holds the fused merge's counters,
+    else by attention.py's merge kernel), qk_scale already in base 2."""
+    hq, d = q.shape[1], q.shape[2]
+    bs, g = k_cache.shape[1], hq // k_cache.shape[2]
+    what = f"attention_gluon.decode(q {tuple(q.shape)} {q.dtype}, cache {tuple(k_cache.shape)}, {rows} rows)"
+    assert meta.max_query_len * g <= rows, f"{what}: the new tokens need several query tiles a sequence"
+    assert bs % block_n == 0, f"{what}: pages of {bs} tokens do not hold whole {block_n}-token tiles"
     assert q.dtype in (torch.bfloat16, torch.float16), f"{what}: 16-bit dtypes only"
-    n_split_grid = cdiv(meta.max_context_len, at.SPLIT) if parallel_splits else 1
-    if parallel_splits:
-        pm = torch.empty(t, hq, n_split_grid, dtype=torch.float32, device=q.device)
-        pl = torch.empty_like(pm)
-        pacc = torch.empty(t, hq, n_split_grid, d, dtype=torch.float32, device=q.device)
-    else:
-        pm = pl = pacc = out
-    grid = (cdiv(meta.max_query_len, rows // g), meta.num_seqs, h_kv * n_split_grid)
-    sem = at._counters(q.device, grid[0] * grid[1] * h_kv) if parallel_splits and fused_merge else None
     _decode_kernel[grid](
-        q, _descriptor(k_cache, d), _descriptor(v_cache, d), out, pm, pl, pacc, out if sem is None else sem,
-        meta.cu_seqlens_q, meta.context_lens, meta.block_tables, float(scale) * at.LOG2E, n_split_grid, hq,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_tables.stride(0),
-        G=g, BQ=rows, BLOCK_N=at.BLOCK_N, D=d, BS=bs, SPLIT=at.SPLIT, PARTIAL=parallel_splits, STAGES=stages,
-        FUSED_MERGE=sem is not None, num_warps=NUM_WARPS, enable_fp_fusion=at.FP_FUSION)
-    if parallel_splits and sem is None:
-        at._merge_splits_kernel[grid[:2] + (h_kv,)](
-            out, pm, pl, pacc, meta.cu_seqlens_q, meta.context_lens, n_split_grid, hq, out.stride(0), out.stride(1),
-            G=g, BQ=rows, D=d, SPLIT=at.SPLIT, num_warps=at.NUM_WARPS, enable_fp_fusion=at.FP_FUSION)
+        q, _descriptor(k_cache, d, block_n), _descriptor(v_cache, d, block_n), out, pm, pl, pacc,
+        out if sem is None else sem, meta.cu_seqlens_q, meta.context_lens, meta.block_tables, qk_scale, n_split_grid,
+        hq, q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_tables.stride(0),
+        G=g, BQ=rows, BLOCK_N=block_n, D=d, BS=bs, SPLIT=split, PARTIAL=parallel_splits,
+        STAGES=STAGES, FUSED_MERGE=sem is not None, num_warps=NUM_WARPS, enable_fp_fusion=fp_fusion)

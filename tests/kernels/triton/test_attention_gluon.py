@@ -4,6 +4,7 @@ tokens per sequence, pages of 64 and 128 tokens whose unused slots hold NaN; att
 few programs. Hopper only."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 
@@ -30,8 +31,25 @@ def triton_reference(monkeypatch):
     monkeypatch.setattr(at, "GLUON_PROGRAMS", 0)
 
 
+@contextlib.contextmanager
+def switches(gluon_programs: int, fused_merge: bool = True):
+    saved = at.GLUON_PROGRAMS, at.FUSED_MERGE
+    at.GLUON_PROGRAMS, at.FUSED_MERGE = gluon_programs, fused_merge
+    try:
+        yield
+    finally:
+        at.GLUON_PROGRAMS, at.FUSED_MERGE = saved
+
+
 def gluon(q, k_cache, v_cache, meta, scale, parallel_splits=None, fused_merge=True):
-    return ag.paged_decode(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits, fused_merge=fused_merge)
+    """attention.paged_attention with the launch in the Gluon tile, whatever its program count (asserted)."""
+    g = q.shape[1] // k_cache.shape[2]
+    rows = at.tile_rows(meta.max_query_len, g)
+    if parallel_splits is None:
+        parallel_splits = at.default_parallel_splits(meta, rows // g, k_cache.shape[2])
+    with switches(1 << 30, fused_merge):
+        assert at._gluon_decode(q, k_cache, meta, rows, parallel_splits), "not a Gluon decode launch"
+        return at.paged_attention(q, k_cache, v_cache, meta, scale, parallel_splits=parallel_splits)
 
 
 def triton(q, k_cache, v_cache, meta, scale, parallel_splits=None):
@@ -83,8 +101,8 @@ def test_paged_attention_takes_the_gluon_tile_for_few_programs(monkeypatch):
     world = make_world(LENS, hq, hkv, d, page, dtype=dtype, seed=SEED + 2, device="cuda", stale=float("nan"))
     reqs = [(len(LENS) - 1, LENS[-1], 1)]  # one sequence: 8 KV heads x 3 splits
     calls = []
-    launch = ag.launch
-    monkeypatch.setattr(ag, "launch", lambda *a, **kw: calls.append(a) or launch(*a, **kw))
+    decode = ag.decode
+    monkeypatch.setattr(ag, "decode", lambda *a, **kw: calls.append(a) or decode(*a, **kw))
     want = run(world, reqs, triton)
     assert not calls, "GLUON_PROGRAMS = 0 still took the Gluon tile"
     monkeypatch.setattr(at, "GLUON_PROGRAMS", 64)
