@@ -65,8 +65,8 @@ class State:
         return me
 
     def leave(self, me: dict) -> None:
-        with self.lock:
-            self.active.remove(me)
+        with self.lock:  # by identity: list.remove compares dicts by value and could take another request's entry
+            self.active = [r for r in self.active if r is not me]
 
 
 def generate(state: State, me: dict, prompt: str, body: dict) -> tuple[list[str], list[float]]:

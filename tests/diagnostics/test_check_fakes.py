@@ -109,3 +109,16 @@ def test_bad_tolerance_is_one_line_and_exit_2(tolerance, capsys):
     assert run("http://127.0.0.1:9", tolerance=tolerance, quiet=True) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("samebits check: error: tolerance must be") and "\n" not in err
+
+
+def test_the_fake_tracks_in_flight_requests_by_identity():
+    # Equal-valued entries once let one request's leave remove another's; the later leave then raised mid-response.
+    from tests.diagnostics.fake_openai import State
+    state = State(Flaws())
+    a, b = state.enter(), state.enter()
+    state.leave(b)
+    c, d = state.enter(), state.enter()
+    assert [r["peak"] for r in state.active] == [3, 3, 3] and state.active[0] is a
+    for r in (a, c, d):
+        state.leave(r)
+    assert state.active == []
