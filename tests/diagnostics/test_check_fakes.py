@@ -7,7 +7,7 @@ import json
 import pytest
 
 from samebits.diagnostics.check import run
-from tests.diagnostics.fake_openai import MODEL, FakeServer, Flaws
+from tests.diagnostics.fake_openai import MODEL, FakeServer, Flaws, State
 
 SMALL = {"concurrency": (1, 4, 8), "trials": 2, "max_tokens": 6, "needle_words": 8, "filler_words": (2, 10),
          "prefix_words": 16, "quiet": True}
@@ -113,7 +113,6 @@ def test_bad_tolerance_is_one_line_and_exit_2(tolerance, capsys):
 
 def test_the_fake_tracks_in_flight_requests_by_identity():
     # Equal-valued entries once let one request's leave remove another's; the later leave then raised mid-response.
-    from tests.diagnostics.fake_openai import State
     state = State(Flaws())
     a, b = state.enter(), state.enter()
     state.leave(b)
