@@ -8,17 +8,12 @@ the error raised at the launch that faults).
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-
-from attention import HQ, D, _bench, _paged, decode_case  # benchmarks/attention.py
-
+from samebits.benchmarks.attention import HQ, D, _bench, _paged, decode_case
 from samebits.kernels.attention import paged_attention
 
 

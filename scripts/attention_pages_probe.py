@@ -16,11 +16,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-
-from attention import HKV, HQ, D, _bench, to_pages  # benchmarks/attention.py
-
+from samebits.benchmarks.attention import HKV, HQ, D, _bench, to_pages
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.triton import attention as at
 

@@ -1,6 +1,6 @@
 """H200 probe for the transposed attention tiles (kernels/triton/attention.py): is a row's bits the same at every
 query-tile width, warp count and stage count, for prefill, chunked prefill and decode (folded or split-parallel)?
-Speed lives in benchmarks/attention.py.
+Speed lives in samebits/benchmarks/attention.py.
 
     python scripts/attention_rows_probe.py OUT_DIR
 """
@@ -13,11 +13,9 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from samebits.kernels.attention import AttentionMetadata  # noqa: E402
-from samebits.kernels.triton import attention as at  # noqa: E402
-from samebits.kernels.triton.attention import paged_attention  # noqa: E402
+from samebits.kernels.attention import AttentionMetadata
+from samebits.kernels.triton import attention as at
+from samebits.kernels.triton.attention import paged_attention
 
 HQ, HKV, D, BS = 32, 8, 128, 16
 SCALE = D ** -0.5

@@ -12,12 +12,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-
-from attention import D, _bench, _paged  # noqa: E402 - benchmarks/attention.py
-
-from samebits.kernels.triton import attention as at  # noqa: E402
+from samebits.benchmarks.attention import D, _bench, _paged
+from samebits.kernels.triton import attention as at
 
 CASES = [("decode", 1, 512), ("decode", 1, 2048), ("decode", 1, 8192), ("decode", 8, 512), ("decode", 8, 2048),
          ("decode", 32, 2048), ("decode", 64, 512), ("decode", 256, 512), ("decode", 256, 2048),

@@ -19,16 +19,11 @@ import functools
 import importlib.util
 import json
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-
-from attention import BS, HQ, D, _bench, _paged  # benchmarks/attention.py
-
+from samebits.benchmarks.attention import BS, HQ, D, _bench, _paged
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.triton import attention as at
 

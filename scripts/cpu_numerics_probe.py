@@ -7,9 +7,6 @@ Usage: python scripts/cpu_numerics_probe.py
 import hashlib
 import json
 import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 import torch.nn.functional as F

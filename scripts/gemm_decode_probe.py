@@ -5,8 +5,8 @@
 At batch 1 the proven cuBLASLt route runs qkv, o and down with 64-row tiles of the weight: 96, 64 and 64 programs on
 132 SMs, 3.56 TB/s against gate_up's 4.2 (docs/BENCHMARKS.md section 8). Every tile of the sequential-K Triton kernel
 gives the same bits (kernels/configs.py "matmul"), so a tile with more programs is a free choice if it is faster.
-Each case is timed in a CUDA graph over enough weight copies to stream 4x the L2 (benchmarks/kernels.py), and its
-bits are compared with the table's tile. First, a chain of dependent M = 1 GEMMs times programmatic dependent launch
+Each case is timed in a CUDA graph over enough weight copies to stream 4x the L2 (samebits/benchmarks/kernels.py),
+and its bits are compared with the table's tile. First, a chain of dependent M = 1 GEMMs times programmatic dependent launch
 and an L2 weight prefetch (`_pdl_matmul_kernel`, an experiment not used by samebits). Prints a table and writes
 OUT_DIR/gemm_chain.json and OUT_DIR/gemm_decode.json (docs/BENCHMARKS.md section 2).
 """
@@ -16,18 +16,13 @@ import argparse
 import itertools
 import json
 import os
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import torch
 import triton
 import triton.language as tl
-from kernels import bench_graph, copies_for  # benchmarks/kernels.py
 
 import samebits.kernels.triton.matmul as tm
+from samebits.benchmarks.kernels import bench_graph, copies_for
 from samebits.kernels import vendor_gemm
 
 SEED = 20261202

@@ -6,7 +6,7 @@ and side by side in time, with SDPA.
 Bits: every case's Gluon output is compared with attention.paged_attention's (torch.equal on the int16 views),
 over odd context lengths, mixed lengths, 2-4 new tokens per sequence, split-parallel and folded launches, pages of 64
 and 128 tokens, bf16 and fp16; a control with another qk scale must differ. Time: µs per call in CUDA graphs at the
-decode shapes of benchmarks/attention.py, L2 warm and (cold) with the KV read from HBM; `gluon sN` at N stages.
+decode shapes of samebits/benchmarks/attention.py, L2 warm and (cold) with the KV read from HBM; `gluon sN` at N stages.
 """
 from __future__ import annotations
 
@@ -15,16 +15,11 @@ import contextlib
 import functools
 import json
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-
-from attention import HKV, HQ, D, _bench, to_pages  # benchmarks/attention.py
-
+from samebits.benchmarks.attention import HKV, HQ, D, _bench, to_pages
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.triton import attention as at
 from samebits.kernels.triton import attention_gluon as ag

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU proof in one call (device machine: image python, PYTHONPATH=., no install except carried wheels).
+# The GPU proof in one call (device machine: image python, samebits and carried wheels by scripts/device_env.sh).
 # Usage: bash scripts/gpu_proof.sh [tests|tests-kernels|tests-others|tests-ids|probe|kernels|attention|pages|repro-2g|variants|variants-prefill|gemm-decode|mma-roles|e2e|server|server-process|steps|steps-tile|steps-norm|steps-gluon|gluon-decode|mixed|rl|tp1 ...];
 # results under $OUT. With no step named it runs tests probe kernels attention e2e (~25 min): name the steps.
 # tests-kernels and tests-others are the two halves of tests, each under one call's 10 minutes with a cold Triton cache.
@@ -9,13 +9,9 @@
 # times decode again with its KV read from HBM.
 # E2E_ARGS (e.g. --skip-hf) go to the e2e step. steps-tile: STEPS_TILE="OLD_ROW NEW_ROW", steps-norm and steps-gluon: STEPS_BATCHES (scripts/steps_ab.py).
 set -uo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=.
+. scripts/device_env.sh || exit 1
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=.:/tmp/site
-fi
 eval "$(python3 -m samebits env --shell)"
 # Triton's compiled kernels from an earlier call, if carried (cp the last call's $OUT/triton-cache.tgz.* into
 # .triton-cache/, which .git/info/exclude ignores, and name .triton-cache in carry): its keys hash each kernel's source,
@@ -34,7 +30,7 @@ save_cache() {
 trap save_cache EXIT
 # samebits check against our own server on the 8B random shape; the report lands in $OUT/check.h200.MODE.*
 check_endpoint() {
-  python3 benchmarks/serve_random.py --random-shape 8b --mode "$1" --port 8000 > "$OUT/serve.$1.log" 2>&1 &
+  python3 -m samebits.benchmarks.serve_random --random-shape 8b --mode "$1" --port 8000 > "$OUT/serve.$1.log" 2>&1 &
   local pid=$!
   for _ in $(seq 180); do curl -sf http://127.0.0.1:8000/health >/dev/null && break; sleep 1; done
   python3 -m samebits.diagnostics.check http://127.0.0.1:8000 --model bench --concurrency 1,4,16,64,128 \
@@ -55,8 +51,8 @@ for step in $steps; do
     tests-ids) python3 -m pytest -q -p no:cacheprovider --durations=10 $(cat scripts/_gpu_test_ids.txt) 2>&1 \
       | tee "$OUT/gpu_tests_ids.log" | tail -40 ;;
     probe) python3 -m samebits probe --device cuda --full --json "$OUT/probe.h200.json" --plot "$OUT/probe.h200.png" ;;
-    kernels) python3 benchmarks/kernels.py --out "$OUT" ;;
-    attention) python3 benchmarks/attention.py --out "$OUT" ;;
+    kernels) python3 -m samebits.benchmarks.kernels --out "$OUT" ;;
+    attention) python3 -m samebits.benchmarks.attention --out "$OUT" ;;
     pages) python3 scripts/attention_pages_probe.py "$OUT" ;;
     repro-2g) python3 scripts/attention_2g_repro.py; compute-sanitizer --tool memcheck python3 scripts/attention_2g_repro.py ;;
     variants) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py ${VARIANTS_ONLY:+--only "$VARIANTS_ONLY"} \
@@ -64,21 +60,21 @@ for step in $steps; do
     variants-prefill) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py --only prefill,family ;;
     gemm-decode) python3 scripts/gemm_decode_probe.py "$OUT" --m "${GEMM_M:-1,8}" ;;
     mma-roles) python3 scripts/mma_roles_probe.py "$OUT" ;;
-    e2e) python3 benchmarks/e2e.py --out "$OUT" --warm ${E2E_ARGS:-} ;;
-    e2e-quick) python3 benchmarks/e2e.py --out "$OUT" --quick --requests 64 --skip-hf ;;
-    server) python3 benchmarks/server.py --random-shape 8b --solo-budget-s 60 --out "$OUT" ;;
-    server-process) python3 benchmarks/server.py --random-shape 8b --solo-budget-s 30 --engine-process --skip-offline \
+    e2e) python3 -m samebits.benchmarks.e2e --out "$OUT" --warm ${E2E_ARGS:-} ;;
+    e2e-quick) python3 -m samebits.benchmarks.e2e --out "$OUT" --quick --requests 64 --skip-hf ;;
+    server) python3 -m samebits.benchmarks.server --random-shape 8b --solo-budget-s 60 --out "$OUT" ;;
+    server-process) python3 -m samebits.benchmarks.server --random-shape 8b --solo-budget-s 30 --engine-process --skip-offline \
       --out "$OUT/process" ;;
-    steps) python3 benchmarks/steps.py --out "$OUT" ;;
-    steps256) python3 benchmarks/steps.py --out "$OUT" --batches 256 ;;
+    steps) python3 -m samebits.benchmarks.steps --out "$OUT" ;;
+    steps256) python3 -m samebits.benchmarks.steps --out "$OUT" --batches 256 ;;
     steps-tile) timeout 420 python3 scripts/steps_ab.py "$OUT" tile ${STEPS_TILE:?old and new matmul rows} ;;
     steps-norm) timeout 480 python3 scripts/steps_ab.py "$OUT" norm --batches "${STEPS_BATCHES:-1,64}" ;;
     steps-gluon) timeout 480 python3 scripts/steps_ab.py "$OUT" gluon --batches "${STEPS_BATCHES:-1}" ;;
     gluon-decode) timeout 400 python3 scripts/gluon_decode_probe.py "$OUT" ;;
-    steps1) python3 benchmarks/steps.py --out "$OUT" --batches 1 ;;
-    mixed) python3 benchmarks/mixed.py --out "$OUT" ;;
-    rl) python3 benchmarks/rl.py --out "$OUT" ;;
-    tp1) python3 benchmarks/tp.py --device cuda --shape 8b --tp 1 --modes deterministic,invariant --graphs --out "$OUT" ;;
+    steps1) python3 -m samebits.benchmarks.steps --out "$OUT" --batches 1 ;;
+    mixed) python3 -m samebits.benchmarks.mixed --out "$OUT" ;;
+    rl) python3 -m samebits.benchmarks.rl --out "$OUT" ;;
+    tp1) python3 -m samebits.benchmarks.tp --device cuda --shape 8b --tp 1 --modes deterministic,invariant --graphs --out "$OUT" ;;
     check) for mode in deterministic fast; do check_endpoint "$mode"; done ;;
     *) echo "unknown step $step" >&2 ;;
   esac

@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path[:0] = [".", "benchmarks"]
-from attention import BS, HKV, HQ, D, to_pages  # benchmarks/attention.py
-from kernels import bench_graph  # benchmarks/kernels.py
-
+from samebits.benchmarks.attention import BS, HKV, HQ, D, to_pages
+from samebits.benchmarks.kernels import bench_graph
 from samebits.kernels import vendor_gemm
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.triton import attention as at

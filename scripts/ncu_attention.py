@@ -4,20 +4,15 @@
         --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats \
         python scripts/ncu_attention.py prefill 1 8192      # or: decode 256 512
 
-The shapes and data are benchmarks/attention.py's (docs/results/ncu_attention_*.h200.tma.txt).
+The shapes and data are samebits/benchmarks/attention.py's (docs/results/ncu_attention_*.h200.tma.txt).
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-
-from attention import D, _paged  # benchmarks/attention.py
-
+from samebits.benchmarks.attention import D, _paged
 from samebits.kernels.triton import attention as at
 
 

@@ -1,5 +1,5 @@
-"""H200 A/B of a decode step (benchmarks/steps.py's measure: deterministic, async scheduling, tight grids), the two
-variants in interleaved rounds in one process. Neither variant may change a bit; only the time may differ.
+"""H200 A/B of a decode step (samebits/benchmarks/steps.py's measure: deterministic, async scheduling, tight
+grids), the two variants in interleaved rounds in one process. Neither variant may change a bit; only the time may differ.
 
     python scripts/steps_ab.py OUT_DIR tile OLD_ROW NEW_ROW [--batches 1] [--rounds 2]
     python scripts/steps_ab.py OUT_DIR norm [--batches 1,64] [--rounds 2]
@@ -14,13 +14,10 @@ the Gluon tile or in attention.py's kernel (kernels/triton/attention.py GLUON_PR
 import argparse
 import functools
 import json
-import sys
 from pathlib import Path
 
-sys.path[:0] = [".", "benchmarks"]
-import e2e  # benchmarks/e2e.py
-from steps import measure  # benchmarks/steps.py
-
+from samebits.benchmarks import e2e
+from samebits.benchmarks.steps import measure
 from samebits.diagnostics.bench.shapes import random_shape_model
 from samebits.kernels.configs import TILE_CONFIGS
 

@@ -1,9 +1,8 @@
-"""H200 A/B: benchmarks/steps.py with the model's RoPE and KV write as two launches (ops.rope_write_kv unfused), to time
-beside `python benchmarks/steps.py` in one call (docs/BENCHMARKS.md section 8)."""
+"""H200 A/B: the decode steps of `python -m samebits.benchmarks.steps` with the model's RoPE and KV write as two
+launches (ops.rope_write_kv unfused), to time beside the fused steps in one call (docs/BENCHMARKS.md section 8)."""
 import runpy
 import sys
 
-sys.path[:0] = [".", "benchmarks"]
 import samebits.kernels.triton.backend as b
 
 
@@ -14,5 +13,5 @@ def unfused(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping):
 
 
 b.rope_write_kv = unfused
-sys.argv = ["benchmarks/steps.py"] + sys.argv[1:]
-runpy.run_path("benchmarks/steps.py", run_name="__main__")
+sys.argv = ["steps"] + sys.argv[1:]
+runpy.run_module("samebits.benchmarks.steps", run_name="__main__")

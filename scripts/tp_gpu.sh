@@ -4,7 +4,7 @@
 # all-reduce routes alone. Results (tp.json, tp.png, logs) under $OUT. NVLink multicast stays off (the template's
 # NCCL_NVLS_ENABLE=0). Usage: bash scripts/tp_gpu.sh [tests] [bench] [quick]
 set -uo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=.
+. scripts/device_env.sh || exit 1
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 eval "$(python3 -m samebits env --shell)"
@@ -17,9 +17,9 @@ for step in $steps; do
   echo "=== $step ($(date +%T), $gpus GPUs, TP $sizes)"
   case $step in
     tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/distributed 2>&1 | tee "$OUT/tp_gpu_tests.log" | tail -20 ;;
-    bench) python3 benchmarks/tp.py --device cuda --shape 8b --tp "$sizes" --requests 64 --collectives \
+    bench) python3 -m samebits.benchmarks.tp --device cuda --shape 8b --tp "$sizes" --requests 64 --collectives \
              --out "$OUT" 2>&1 | tee "$OUT/tp_bench.log" | tail -40 ;;
-    quick) python3 benchmarks/tp.py --device cuda --shape 1b --tp "$sizes" --requests 16 --output 8,32 \
+    quick) python3 -m samebits.benchmarks.tp --device cuda --shape 1b --tp "$sizes" --requests 16 --output 8,32 \
              --modes invariant,deterministic,fast --out "$OUT/quick" 2>&1 | tee "$OUT/tp_quick.log" | tail -40 ;;
     *) echo "unknown step $step" >&2 ;;
   esac

@@ -31,3 +31,25 @@ def reduce_partials(partial: torch.Tensor, group, route: str) -> torch.Tensor:
     if route == "ordered":
         return tree_merge(group.all_gather(partial))
     return group.all_reduce_sum(partial)
+
+
+def differences_with_tokens(rank: int, world: int, port: int, seed: int, results) -> None:
+    """One rank of the measurement behind the routes above, as `group.run_ranks` runs it (tests/distributed/
+    test_collectives.py): per route, how many elements of a T-row reduction differ from the same rows reduced inside a
+    4096-row message (the number of tokens in the step is all that changes); rank 0 puts {route: count} on `results`.
+    """
+    from samebits.distributed.group import Group, join_store, open_store
+
+    torch.set_num_threads(1)
+    store = open_store(world, 60, port) if rank == 0 else join_store(port, world, 60)
+    group = Group.open(store, rank, world, torch.device("cpu"), 60, 60)
+    g = torch.Generator().manual_seed(seed + rank)
+    partial = torch.randn(4096, 512, generator=g) * torch.logspace(-4, 4, 512)  # magnitudes where order shows
+    counts = {}
+    for route in ("ordered", "native"):
+        full = reduce_partials(partial.clone(), group, route)
+        counts[route] = sum(int((reduce_partials(partial[:t].clone(), group, route).view(torch.int32)
+                                 != full[:t].view(torch.int32)).sum()) for t in (1, 3, 17, 64, 1000))
+    if rank == 0:
+        results.put(counts)
+    group.close()

@@ -1,24 +1,14 @@
-"""benchmarks/mixed.py on the CPU at toy size, so the GPU run does not meet its first bug there."""
+"""samebits/benchmarks/mixed.py on the CPU at toy size, so the GPU run does not meet its first bug there."""
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_bench():
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    return importlib.import_module("benchmarks.mixed")
+from samebits.benchmarks import mixed as bench
 
 
 def test_mixed_benchmark_smoke(tmp_path):
-    bench = load_bench()
     argv = ["--device", "cpu", "--shape", "tiny", "--modes", "deterministic", "--decode-rows", "3",
             "--prefill-tokens", "24", "--prompt-len", "8", "--repeat", "1", "--out", str(tmp_path)]
     assert bench.main(argv) == 0
@@ -30,6 +20,5 @@ def test_mixed_benchmark_smoke(tmp_path):
 
 def test_a_step_of_the_wrong_kind_is_refused():
     """Negative control: a 'decode alone' measurement whose step launched a prefill fails loudly, naming the kinds."""
-    bench = load_bench()
     with pytest.raises(RuntimeError, match=r"launched \['prefill'\] steps, not 'decode'"):
         bench.median_of([(9.0, "prefill"), (1.0, "decode"), (1.0, "prefill")], "decode", "decode rows alone")

@@ -11,7 +11,6 @@ experiment variant); the deterministic assertion is on every experiment, unweake
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,6 @@ from tests.subprocess_server import free_port, wait_healthy
 pytest.importorskip("fastapi")  # the server stack is an extra; without it there is no server to check
 pytest.importorskip("uvicorn")
 
-REPO = Path(__file__).resolve().parents[2]
 STARTUP_S = 120
 SHAPES = {"concurrency": (1, 4, 8), "trials": 2, "max_tokens": 8, "needle_words": 8, "filler_words": (2, 12),
           "prefix_words": 24, "quiet": True}
@@ -41,8 +39,7 @@ def servers(tmp_path_factory):
             port = free_port()
             cmd = [sys.executable, "-m", "samebits", "serve", "--model", str(model), "--served-model-name", "tiny",
                    "--mode", mode, "--port", str(port), "--device", "cpu", "--log-level", "warning"]
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO,
-                                          env={**os.environ, "PYTHONPATH": str(REPO)}))
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
             urls[mode] = f"http://127.0.0.1:{port}"
         for proc, url in zip(procs, urls.values()):
             wait_healthy(proc, url, STARTUP_S)
@@ -85,9 +82,8 @@ def test_plugin_gates_pytest_on_the_fast_server(servers, tmp_path):
     args = "--concurrency 1,4,8 --trials 2 --max-tokens 8 --needle-words 8 --filler-words 2,12 --prefix-words 24"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
            "samebits.diagnostics.check.pytest_plugin", "--samebits-args", args, "--rootdir", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = {mode: subprocess.Popen([*cmd, "--samebits-url", url], cwd=tmp_path, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, env=env) for mode, url in servers.items()}
+                                    stderr=subprocess.STDOUT, text=True) for mode, url in servers.items()}
     out = {mode: proc.communicate(timeout=120)[0] for mode, proc in procs.items()}
     assert procs["deterministic"].returncode == 0, out["deterministic"][-2000:]
     assert procs["fast"].returncode == 1 and "is batch-variant" in out["fast"], out["fast"][-2000:]

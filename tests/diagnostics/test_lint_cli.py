@@ -13,7 +13,7 @@ from samebits.diagnostics.lint.rules import markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).parent / "lint_corpus"
-KERNELS = "tests.diagnostics.lint_triton_kernels"
+KERNELS = Path(__file__).with_name("lint_triton_kernels.py")
 
 
 def lint(*args, **kw):
@@ -83,13 +83,8 @@ def test_cubin_goes_through_the_disassembler(tmp_path, monkeypatch):
     assert code == 1 and [(f.rule, f.line) for f in from_json(out)] == [("SB402", 2)]
 
 
-@pytest.fixture
-def at_root(monkeypatch):
+def test_triton_kernels_compile_for_sm90_and_float_atomics_are_found():
     pytest.importorskip("triton")
-    monkeypatch.chdir(ROOT)
-
-
-def test_triton_kernels_compile_for_sm90_and_float_atomics_are_found(at_root):
     specs = [f"{KERNELS}:float_atomic_kernel(x_ptr=*fp32, out_ptr=*fp32, BLOCK=128, num_warps=4)",
              f"{KERNELS}:int_counter_kernel(count_ptr=*i32, x_ptr=*fp32, y_ptr=*fp32, BLOCK=128)"]
     code, out, _ = lint([], triton=specs, fmt="json")
@@ -98,6 +93,7 @@ def test_triton_kernels_compile_for_sm90_and_float_atomics_are_found(at_root):
     assert all(f.path == specs[0] for f in found), "the integer counter's atomic is not a finding"
 
 
-def test_triton_spec_that_does_not_compile_is_a_usage_error(at_root):
+def test_triton_spec_that_does_not_compile_is_a_usage_error():
+    pytest.importorskip("triton")
     code, _, err = lint([], triton=[f"{KERNELS}:float_atomic_kernel(x_ptr=*fp32)"])
     assert code == 2 and "give a type or a value for out_ptr, BLOCK" in err

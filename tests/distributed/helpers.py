@@ -19,9 +19,11 @@ def checkpoint(path) -> str:
     return str(write_tiny_checkpoint(path, "qwen2", seed=3, **SHAPE))
 
 
+ENGINE = {"device": "cpu", "kv_cache_tokens": 4096, "max_num_batched_tokens": 256}
+
+
 def make(ckpt: str, **kw) -> LLM:
-    kw = {"device": "cpu", "kv_cache_tokens": 4096, "max_num_batched_tokens": 256, **kw}
-    return LLM(model=ckpt, **kw)
+    return LLM(model=ckpt, **{**ENGINE, **kw})
 
 
 @contextlib.contextmanager
@@ -53,24 +55,3 @@ def key(out) -> list[tuple]:
 
 def run(llm: LLM, ps, params) -> list:
     return [key(o) for o in llm.generate(ps, params, use_tqdm=False)]
-
-
-def reduction_rank(rank: int, world: int, port: int, seed: int, results) -> None:
-    """One rank of test_collectives.py: per route, how many elements of a T-row reduction differ from the same rows
-    reduced inside a 4096-row message (the number of tokens in the step is all that changes)."""
-    from samebits.distributed.group import Group, join_store, open_store
-    from samebits.distributed.reduce import reduce_partials
-
-    torch.set_num_threads(1)
-    store = open_store(world, 60, port) if rank == 0 else join_store(port, world, 60)
-    group = Group.open(store, rank, world, torch.device("cpu"), 60, 60)
-    g = torch.Generator().manual_seed(seed + rank)
-    partial = torch.randn(4096, 512, generator=g) * torch.logspace(-4, 4, 512)  # magnitudes where order shows
-    counts = {}
-    for route in ("ordered", "native"):
-        full = reduce_partials(partial.clone(), group, route)
-        counts[route] = sum(int((reduce_partials(partial[:t].clone(), group, route).view(torch.int32)
-                                 != full[:t].view(torch.int32)).sum()) for t in (1, 3, 17, 64, 1000))
-    if rank == 0:
-        results.put(counts)
-    group.close()

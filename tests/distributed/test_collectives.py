@@ -4,7 +4,7 @@ it (the negative control); all-gather + the fixed tree does not."""
 import pytest
 
 from samebits.distributed.group import run_ranks
-from tests.distributed.helpers import reduction_rank
+from samebits.distributed.reduce import differences_with_tokens
 
 pytestmark = pytest.mark.timeout(120)
 SEED = 20261201  # fixed: the partials are rank r's N(0,1) from SEED + r, scaled over 8 decades
@@ -12,7 +12,7 @@ SEED = 20261201  # fixed: the partials are rank r's N(0,1) from SEED + r, scaled
 
 @pytest.fixture(scope="module")
 def differing():
-    return run_ranks(reduction_rank, 4, (SEED,), timeout_s=90, join_s=10)
+    return run_ranks(differences_with_tokens, 4, (SEED,), timeout_s=90, join_s=10)
 
 
 def test_ordered_route_bits_do_not_follow_the_token_count(differing):

@@ -1,5 +1,6 @@
 """Nothing hangs and nothing is left behind: a killed worker, a stuck worker (the collective's timeout), Ctrl-C and a
 killed rank 0 each end every process of the engine, and the engine says which rank failed."""
+import json
 import os
 import signal
 import subprocess
@@ -13,11 +14,10 @@ import pytest
 from samebits.distributed import runner as tp_runner
 from samebits.distributed.runner import TPError
 from samebits.engine.sampling_params import SamplingParams
-from tests.distributed.helpers import checkpoint, make
+from tests.distributed.helpers import ENGINE, checkpoint, make
 from tests.subprocess_server import free_port, wait_healthy
 
 pytestmark = pytest.mark.timeout(300)
-ROOT = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(max_tokens=3, temperature=0.0)
 GONE_S = 30.0  # a process told to end (or orphaned) must be gone by then
 
@@ -82,7 +82,7 @@ def test_serve_over_two_ranks_then_ctrl_c_ends_every_process(ckpt):
     port = free_port()
     cmd = [sys.executable, "-m", "samebits", "serve", ckpt, "--port", str(port), "--device", "cpu",
            "--tensor-parallel-size", "2", "--all-reduce", "invariant", "--kv-cache-tokens", "2048", "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -102,11 +102,22 @@ def test_serve_over_two_ranks_then_ctrl_c_ends_every_process(ckpt):
         if proc.poll() is None:
             proc.kill()
 
+# A TP=2 engine that prints its worker's pid, then generates until stopped. A `-c` script: the workers it spawns
+# re-import no __main__ module.
+_TP_CHILD = """
+import json, sys
+from samebits.engine.llm import LLM
+from samebits.engine.sampling_params import SamplingParams
+llm = LLM(model=sys.argv[1], tensor_parallel_size=2, **json.loads(sys.argv[2]))
+print(" ".join(str(p.pid) for p in llm.engine.runner.procs), flush=True)
+while True:
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
+"""
+
 
 def test_killed_rank_0_leaves_no_worker(ckpt):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen([sys.executable, "-m", "tests.distributed.tp_child", ckpt], cwd=ROOT, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    child = subprocess.Popen([sys.executable, "-c", _TP_CHILD, ckpt, json.dumps(ENGINE)], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
     try:
         workers = [int(p) for p in child.stdout.readline().split()]
         time.sleep(0.5)  # inside the generate loop

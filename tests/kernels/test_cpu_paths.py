@@ -4,13 +4,13 @@ torch loads: linear/matmul/bmm at model shapes, norms, softmax, silu, paged atte
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.child import module_argv
+
 _AVX512 = "avx512f" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
 # name -> environment; every MKL/ATen variable not named here is removed, so a path is exactly what it says.
 PATHS = {
@@ -27,9 +27,9 @@ _CLEARED = ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "OMP_N
 
 def _run(path_env: dict, seed: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
-    env.update(path_env, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, "-m", "tests.kernels.cpu_paths_worker", str(seed)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+    env.update(path_env)
+    proc = subprocess.run(module_argv("tests.kernels.cpu_paths_worker", str(seed)), env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

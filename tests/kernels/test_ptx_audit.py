@@ -2,22 +2,20 @@
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from samebits.kernels.configs import TILE_CONFIGS
+from tests.child import module_argv
 
 pytest.importorskip("triton")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def audit():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-m", "tests.kernels.ptx_audit_worker"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(module_argv("tests.kernels.ptx_audit_worker"), env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 

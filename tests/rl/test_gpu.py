@@ -1,5 +1,5 @@
 """CUDA: the trainer equals the rollout bit for bit in bf16 with CUDA graphs on, also after update_weights (the graphs
-replay over the same tensors); the stock-kernel trainer differs. The 1B-shaped numbers: benchmarks/rl.py."""
+replay over the same tensors); the stock-kernel trainer differs. The 1B-shaped numbers: samebits/benchmarks/rl.py."""
 import pytest
 import torch
 

@@ -1,12 +1,13 @@
 """The engine-process backend (`--engine-process`, engine/engine_process.py) against the thread backend: the same
 responses bit for bit (ids, logprob bits, text, drawn seeds), abort frees blocks, weight sync, and a killed child
-fails requests with 503 instead of hanging. One server pair for the module: a spawn costs seconds of imports.
-
-The tests run in file order; the last one kills the shared child."""
+fails requests with 503 instead of hanging. One server pair for the module (a spawn costs seconds of imports), which
+every test leaves as it found it whatever the order: each request that hits one server alone carries its seed, so the
+servers' seed streams stay in step; the killed child is a server of its own."""
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 import os
 import signal
@@ -35,22 +36,43 @@ def _live(config) -> LiveServer:
     return LiveServer(thread.url, app, async_engine, config, thread)
 
 
+def _configs(model_dir, backends=(False, True)) -> list:
+    from samebits.server.config import ServerConfig
+
+    base = {"model": str(model_dir), "served_model_name": MODEL_NAME, "port": 0, "log_level": "warning",
+            "device": "cpu", "max_num_seqs": 128, "max_model_len": 256, "seed": SEED, "api_keys": (KEY,)}
+    return [ServerConfig.from_dict({**base, "engine_process": p}) for p in backends]
+
+
+def _stop(servers) -> None:
+    for s in servers:
+        s.stop()
+        s.async_engine.shutdown()
+
+
 @pytest.fixture(scope="module")
 def pair(tiny_model_dir):
     """(thread backend, process backend): one config apart, under the deployment template as `serve` runs them."""
-    from samebits.server.config import ServerConfig
     from samebits.server.serve import template
 
-    base = {"model": str(tiny_model_dir), "served_model_name": MODEL_NAME, "port": 0, "log_level": "warning",
-            "device": "cpu", "max_num_seqs": 128, "max_model_len": 256, "seed": SEED, "api_keys": (KEY,)}
-    configs = [ServerConfig.from_dict({**base, "engine_process": p}) for p in (False, True)]
+    configs = _configs(tiny_model_dir)
     with template(configs[0]), concurrent.futures.ThreadPoolExecutor(1) as pool:
         child = pool.submit(_live, configs[1])  # the child loads while this process builds the thread backend's
         servers = [_live(configs[0]), child.result()]
         yield servers
-        for s in servers:
-            s.stop()
-            s.async_engine.shutdown()
+        _stop(servers)
+
+
+@pytest.fixture
+def doomed(tiny_model_dir):
+    """A process backend of its own, for the test that kills its child."""
+    from samebits.server.serve import template
+
+    (config,) = _configs(tiny_model_dir, backends=(True,))
+    with template(config):
+        server = _live(config)
+        yield server
+        _stop([server])
 
 
 def wait_for(predicate, timeout: float = 30.0) -> None:
@@ -150,15 +172,15 @@ def test_abort_mid_stream_frees_the_blocks(pair):
     ae = process.async_engine
     aborted = ae.counters.requests_aborted
     body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 200, "temperature": 0.5, "stream": True,
-            "ignore_eos": True}
+            "ignore_eos": True, "seed": 1}
     with process.client() as http, http.stream("POST", "/v1/completions", json=body, headers=AUTH) as r:
         assert r.status_code == 200
         next(r.iter_lines())  # the first chunk: the request runs and holds blocks
         wait_for(lambda: ae.stats.num_running == 1 and ae.stats.kv_usage > 0)
     wait_for(lambda: ae.counters.requests_aborted == aborted + 1)
     wait_for(lambda: ae.stats.num_running == 0 and ae.stats.kv_usage == 0)
-    assert _post(process, "/v1/completions", {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 3}).status_code \
-        == 200
+    after = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 3, "seed": 1}
+    assert _post(process, "/v1/completions", after).status_code == 200
 
 
 def test_closures_cannot_cross_and_unknown_commands_are_refused(pair):
@@ -183,8 +205,8 @@ def test_update_weights_through_the_engine_process(pair, tmp_path):
     assert refused.status_code == 400 and "old weights kept" in refused.json()["error"]["message"]
 
 
-def test_a_killed_engine_process_fails_requests_with_503_not_a_hang(pair):
-    process = pair[1]
+def test_a_killed_engine_process_fails_requests_with_503_not_a_hang(doomed, pair):
+    process = doomed
     ae = process.async_engine
     body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 200, "stream": True, "ignore_eos": True}
     with process.client(timeout=30) as http, http.stream("POST", "/v1/completions", json=body, headers=AUTH) as r:
@@ -200,16 +222,14 @@ def test_a_killed_engine_process_fails_requests_with_503_not_a_hang(pair):
     assert pair[0].healthy()  # the negative control: the thread backend's server serves on
 
 
-def _exit_while_loading():
-    os._exit(3)
-
-
 def test_a_child_that_dies_while_loading_fails_the_constructor(tiny_model_dir):
     from samebits.engine.engine_process import EngineProcessError, ProcessAsyncEngine
 
     config = EngineConfig(model=str(tiny_model_dir), device="cpu", max_model_len=256)
     with pytest.raises(EngineProcessError, match=r"exited while loading \(exit code 3\)"):
-        ProcessAsyncEngine(config, _exit_while_loading, start_timeout_s=120)
+        # `loaded` runs first in the child; a partial of os._exit pickles by reference (a function of this module
+        # would not: the child cannot import the tests).
+        ProcessAsyncEngine(config, functools.partial(os._exit, 3), start_timeout_s=120)
 
 
 def test_engine_process_config_is_checked():

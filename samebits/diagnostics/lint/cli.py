@@ -33,7 +33,8 @@ class Arg:
 ARGS = (
     Arg(("paths",), "Files or directories: .py through ast, .cu/.cuh/.cpp/.h through the CUDA tokenizer.", many=True),
     Arg(("--compiled",), "PTX or SASS text, a kernel-name list, or a cubin (needs cuobjdump or nvdisasm).", many=True),
-    Arg(("--triton",), "A Triton kernel to compile for sm_90 and check: 'pkg.mod:kernel(x_ptr=*fp32, BLOCK=128)'.",
+    Arg(("--triton",), "A Triton kernel to compile for sm_90 and check: 'pkg.mod:kernel(x_ptr=*fp32, BLOCK=128)' "
+        "(or 'path/file.py:kernel(...)').",
         many=True),
     Arg(("--format",), "Output format.", choices=tuple(FORMATS), default="text"),
     Arg(("--rules",), "Print the rule table as Markdown and exit."),

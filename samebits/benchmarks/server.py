@@ -1,8 +1,8 @@
 """Server benchmark: N concurrent requests through the real HTTP server, each checked against its solo run.
 
-    python benchmarks/server.py --model PATH_OR_NAME --out results/          # a checkpoint the engine can load
-    python benchmarks/server.py --random-shape 8b --out results/             # 8B-shaped random bf16 weights (GPU)
-    python benchmarks/server.py --random-shape tiny --device cpu --requests 8 --out /tmp/b   # smoke test on CPU
+    python -m samebits.benchmarks.server --model PATH_OR_NAME --out results/          # a checkpoint the engine can load
+    python -m samebits.benchmarks.server --random-shape 8b --out results/             # 8B-shaped random bf16 weights (GPU)
+    python -m samebits.benchmarks.server --random-shape tiny --device cpu --requests 8 --out /tmp/b   # smoke test on CPU
 
 Starts the server in-process on 127.0.0.1 (uvicorn in a thread), fires all requests at once (half streamed, half
 not), then replays each one alone and compares token ids and logprob values exactly. Writes server_bench.json into
@@ -26,8 +26,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from samebits.diagnostics.bench.report import args_json
 from samebits.server.config import ServerConfig
@@ -425,5 +423,7 @@ def plot(rows, path: Path) -> None:
     plt.close(fig)
 
 
+# samebits: intentionally nondeterministic because a benchmark times stock torch and fast mode beside deterministic
+# mode, and each mode enters its own runtime (runtime/template.py) where it runs.
 if __name__ == "__main__":
     sys.exit(main())

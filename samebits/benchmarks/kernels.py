@@ -1,6 +1,6 @@
 """samebits' invariant kernels against stock cuBLAS / torch on one GPU, in one run.
 
-    python benchmarks/kernels.py --out DIR [--sweep]
+    python -m samebits.benchmarks.kernels --out DIR [--sweep]
 
 Prints a table, writes DIR/kernels.json and DIR/kernels.png. Times are GPU times: each op is captured in a CUDA
 graph over several copies of its inputs (more bytes than the 50 MB L2, so weights come from HBM as in a real step),
@@ -12,9 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 import triton
@@ -136,18 +133,18 @@ def _mm_row(m, n, ws, dtype):
     from samebits.kernels import vendor_gemm
 
     x = torch.randn(m, KDIM, device="cuda", dtype=dtype)
-    w = lambda i: ws[i % len(ws)]  # noqa: E731
+    w = lambda i: ws[i % len(ws)]
     nbytes = (m + n) * KDIM * 2
     t_sb, t_ref = bench_pair(lambda i: (lambda: K.linear(x, w(i)), lambda: torch.nn.functional.linear(x, w(i))),
                              nbytes)
     flops = 2 * m * n * KDIM
     byts = (m * KDIM + n * KDIM + m * n) * x.element_size()
-    row = dict(op="matmul", dtype=str(dtype)[6:], shape=f"{m}x{n}x{KDIM}", m=m, n=n,
-               samebits_ms=t_sb, torch_ms=t_ref, ratio=t_ref / t_sb,
-               samebits_tflops=flops / t_sb / 1e9, torch_tflops=flops / t_ref / 1e9,
-               samebits_gbs=byts / t_sb / 1e6, tile=tm.tile_for(m)[1:],
+    row = {"op": "matmul", "dtype": str(dtype)[6:], "shape": f"{m}x{n}x{KDIM}", "m": m, "n": n,
+               "samebits_ms": t_sb, "torch_ms": t_ref, "ratio": t_ref / t_sb,
+               "samebits_tflops": flops / t_sb / 1e9, "torch_tflops": flops / t_ref / 1e9,
+               "samebits_gbs": byts / t_sb / 1e6, "tile": tm.tile_for(m)[1:],
                # in a graph a proven shape takes cuBLASLt at every M (vendor_gemm.eligible)
-               route="cublaslt" if vendor_gemm.is_proven(ws[0]) else "triton")
+               "route": "cublaslt" if vendor_gemm.is_proven(ws[0]) else "triton"}
     if vendor_gemm.workspace_pinned():
         row["triton_ms"], row["cublaslt_ms"] = bench_pair(
             lambda i: (lambda: tm.linear(x, w(i)), lambda: vendor_gemm.lt_linear(x, w(i))), nbytes)
@@ -155,7 +152,7 @@ def _mm_row(m, n, ws, dtype):
         # Eager (no graph): host launch cost included, as in the engine's prefill steps.
         for name, fn in (("triton", tm.linear), ("cublaslt", vendor_gemm.lt_linear),
                          ("torch", torch.nn.functional.linear)):
-            row[f"{name}_eager_ms"] = bench_eager([lambda i=i: fn(x, w(i)) for i in range(copies_for(nbytes))])
+            row[f"{name}_eager_ms"] = bench_eager([lambda i=i, fn=fn: fn(x, w(i)) for i in range(copies_for(nbytes))])
     return row
 
 
@@ -184,30 +181,35 @@ def _row_rows():
         byts = 2 * m * h * 2
         xs = [torch.randn(m, h, device="cuda", dtype=torch.bfloat16) for _ in range(copies_for(byts))]
         w = torch.randn(h, device="cuda", dtype=torch.bfloat16)
-        t_sb, t_ref = bench_pair(lambda i: (lambda: K.rms_norm(xs[i], w, 1e-5),
-                                            lambda: torch.nn.functional.rms_norm(xs[i], (h,), w, 1e-5)), byts)
-        rows.append(dict(op="rms_norm", dtype="bfloat16", shape=f"{m}x{h}", m=m, samebits_ms=t_sb, torch_ms=t_ref,
-                         ratio=t_ref / t_sb, samebits_gbs=byts / t_sb / 1e6, torch_gbs=byts / t_ref / 1e6))
+        t_sb, t_ref = bench_pair(lambda i, xs=xs, w=w: (lambda: K.rms_norm(xs[i], w, 1e-5),
+                                                        lambda: torch.nn.functional.rms_norm(xs[i], (h,), w, 1e-5)),
+                                 byts)
+        rows.append({"op": "rms_norm", "dtype": "bfloat16", "shape": f"{m}x{h}", "m": m, "samebits_ms": t_sb,
+                     "torch_ms": t_ref,
+                         "ratio": t_ref / t_sb, "samebits_gbs": byts / t_sb / 1e6, "torch_gbs": byts / t_ref / 1e6})
     for m in (1, 64, 512):
         byts = 2 * m * v * 4
         xs = [torch.randn(m, v, device="cuda", dtype=torch.float32) for _ in range(copies_for(byts))]
         for name, ours, ref in (("softmax", K.softmax, lambda t: torch.softmax(t, -1)),
                                 ("log_softmax", K.log_softmax, lambda t: torch.log_softmax(t, -1))):
-            t_sb, t_ref = bench_pair(lambda i: (lambda: ours(xs[i]), lambda: ref(xs[i])), byts)
-            rows.append(dict(op=name, dtype="float32", shape=f"{m}x{v}", m=m, samebits_ms=t_sb, torch_ms=t_ref,
-                             ratio=t_ref / t_sb, samebits_gbs=byts / t_sb / 1e6, torch_gbs=byts / t_ref / 1e6))
+            t_sb, t_ref = bench_pair(lambda i, xs=xs, ours=ours, ref=ref: (lambda: ours(xs[i]), lambda: ref(xs[i])),
+                                     byts)
+            rows.append({"op": name, "dtype": "float32", "shape": f"{m}x{v}", "m": m, "samebits_ms": t_sb,
+                         "torch_ms": t_ref,
+                             "ratio": t_ref / t_sb, "samebits_gbs": byts / t_sb / 1e6, "torch_gbs": byts / t_ref / 1e6})
     for n in (1 << 20, 1 << 26):
         xs = [torch.randn(n, device="cuda", dtype=torch.float32) for _ in range(copies_for(n * 4))]
-        t_sb, t_ref = bench_pair(lambda i: (lambda: K.det_sum(xs[i]), lambda: xs[i].sum()), n * 4)
-        rows.append(dict(op="det_sum", dtype="float32", shape=f"{n}", m=1, samebits_ms=t_sb, torch_ms=t_ref,
-                         ratio=t_ref / t_sb, samebits_gbs=n * 4 / t_sb / 1e6, torch_gbs=n * 4 / t_ref / 1e6))
+        t_sb, t_ref = bench_pair(lambda i, xs=xs: (lambda: K.det_sum(xs[i]), lambda: xs[i].sum()), n * 4)
+        rows.append({"op": "det_sum", "dtype": "float32", "shape": f"{n}", "m": 1, "samebits_ms": t_sb,
+                     "torch_ms": t_ref,
+                         "ratio": t_ref / t_sb, "samebits_gbs": n * 4 / t_sb / 1e6, "torch_gbs": n * 4 / t_ref / 1e6})
     return rows
 
 
 @triton.jit
 def _tma_linear_kernel(a_desc, w_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        GROUP_M: tl.constexpr):
-    # Experiment, not used by samebits: the same sequential-K tl.dot loop, loads through TMA descriptors.
+    # Experiment that samebits does not use: the same sequential-K tl.dot loop, loads through TMA descriptors.
     pid_m, pid_n = tm.grouped_tile(tl.program_id(0), M, N, BM, BN, GROUP_M)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for kb in range(tl.cdiv(K, BK)):
@@ -242,18 +244,20 @@ def _sweep():
     plans += [(m, SWEEP["prefill"][:5], tma_linear) for m in (1024, 4096, 8192)]
     for m, cands, impl in plans:
         x = x_all[:m]
-        t_ref = bench_graph([lambda w=w: torch.nn.functional.linear(x, w) for w in ws])
+        t_ref = bench_graph([lambda w=w, x=x: torch.nn.functional.linear(x, w) for w in ws])
         for cfg in cands:
             try:
                 same = bool(torch.equal(impl(x_all[:300], ws[0], cfg) if impl is tma_linear else
                                         impl(x_all[:300], ws[0], config=cfg), ref_all))
-                f = (lambda w: tma_linear(x, w, cfg)) if impl is tma_linear else (lambda w: tm.linear(x, w, config=cfg))
-                t = bench_graph([lambda w=w: f(w) for w in ws])
+                f = ((lambda w, x=x, cfg=cfg: tma_linear(x, w, cfg)) if impl is tma_linear else
+                     (lambda w, x=x, cfg=cfg: tm.linear(x, w, config=cfg)))
+                t = bench_graph([lambda w=w, f=f: f(w) for w in ws])
             except Exception as e:  # noqa: BLE001 - out of shared memory etc.: record and move on
-                out.append(dict(n=n, m=m, impl=impl.__name__, cfg=cfg[1:], error=str(e)[:200]))
+                out.append({"n": n, "m": m, "impl": impl.__name__, "cfg": cfg[1:], "error": str(e)[:200]})
                 continue
-            out.append(dict(n=n, m=m, impl=impl.__name__, cfg=cfg[1:], ms=t, cublas_ms=t_ref, ratio=t_ref / t,
-                            same_bits=same))
+            out.append({"n": n, "m": m, "impl": impl.__name__, "cfg": cfg[1:], "ms": t, "cublas_ms": t_ref,
+                        "ratio": t_ref / t,
+                            "same_bits": same})
     return out
 
 
@@ -266,12 +270,12 @@ def _softmax_sweep():
     for m in (1, 64, 512):
         xs = [torch.randn(m, v, device="cuda") for _ in range(copies_for(m * v * 8))]
         for block, warps in ((4096, 8), (8192, 16), (2048, 4), (16384, 16), (8192, 8)):
-            def f(x, block=block, warps=warps):
+            def f(x, block=block, warps=warps, m=m):
                 y = torch.empty_like(x)
                 ts._softmax_kernel[(m,)](x, y, v, x.stride(0), y.stride(0), LOG=True, BLOCK=block, num_warps=warps,
                                          enable_fp_fusion=False)
             t = bench_graph([lambda x=x: f(x) for x in xs])
-            out.append(dict(m=m, block=block, warps=warps, ms=t, gbs=m * v * 12 / t / 1e6))
+            out.append({"m": m, "block": block, "warps": warps, "ms": t, "gbs": m * v * 12 / t / 1e6})
     return out
 
 
@@ -360,5 +364,7 @@ def main():
     _table(rows, "samebits vs stock torch (ratio > 1: samebits faster)")
 
 
+# samebits: intentionally nondeterministic because a benchmark times stock torch and fast mode beside deterministic
+# mode, and each mode enters its own runtime (runtime/template.py) where it runs.
 if __name__ == "__main__":
     main()

@@ -1,21 +1,16 @@
 """Serve random weights of a benchmark shape over HTTP until interrupted, for `samebits check` on the GPU:
 
-    python benchmarks/serve_random.py --random-shape 8b --mode deterministic --port 8000
+    python -m samebits.benchmarks.serve_random --random-shape 8b --mode deterministic --port 8000
     python -m samebits.diagnostics.check http://127.0.0.1:8000 --model bench --json r.json --html r.html
 
-The model is built as benchmarks/server.py builds it (random N(0, 0.02) weights, the tiny test tokenizer), since an
+The model is built as server.py builds it (random N(0, 0.02) weights, the tiny test tokenizer), since an
 8B checkpoint is too large to write for a test; the server is `samebits serve`'s app on uvicorn.
 """
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from server import SERVED_NAME, SHAPES, random_loaded  # noqa: E402 - benchmarks/server.py, found via sys.path
+from samebits.benchmarks.server import SERVED_NAME, SHAPES, random_loaded
 
 
 def main(argv=None) -> None:

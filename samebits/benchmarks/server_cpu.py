@@ -1,7 +1,7 @@
 """Server CPU benchmark: the serving process's CPU per output token, with no model in it.
 
-    python benchmarks/server_cpu.py --out results/                      # both backends, 256 requests, half streamed
-    python benchmarks/server_cpu.py --backend process --profile --out /tmp/b    # + yappi's top functions per thread
+    python -m samebits.benchmarks.server_cpu --out results/                      # both backends, 256 requests, half streamed
+    python -m samebits.benchmarks.server_cpu --backend process --profile --out /tmp/b    # + yappi's top functions per thread
 
 The real app (server/app.py build_app on uvicorn) serves a `ReplayEngine`: it steps at a fixed period (sleeping, no
 CPU) and hands out precomputed cumulative outputs, one new token per running sample per step, as a decode step does.
@@ -42,8 +42,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from samebits.diagnostics.bench.report import save_runs
 from samebits.engine.outputs import CompletionOutput, EngineInfo, EngineStats, RequestOutput, StepProgress
@@ -383,7 +381,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--n", type=int, default=1)
-    p.add_argument("--logprobs", type=int, default=0, help="logprobs per request (-1: none), as benchmarks/server.py")
+    p.add_argument("--logprobs", type=int, default=0, help="logprobs per request (-1: none), as server.py")
     p.add_argument("--step-ms", type=float, default=50.0,
                    help="the replayed step's period: long enough that the server keeps up (events/tok 1.00), else "
                         "it sends several steps per chunk and a token looks cheaper than it is")

@@ -1,7 +1,7 @@
 """Host step benchmark: the engine's own CPU time per decode step, with no model in it.
 
-    python benchmarks/host_step.py --out results/                  # batches 1, 64, 256; graph and eager inputs
-    python benchmarks/host_step.py --batch 256 --profile --out /tmp/h   # + yappi's top functions
+    python -m samebits.benchmarks.host_step --out results/                  # batches 1, 64, 256; graph and eager inputs
+    python -m samebits.benchmarks.host_step --batch 256 --profile --out /tmp/h   # + yappi's top functions
 
 A real LLMEngine (async scheduling on, as on CUDA) over a tiny random model whose forward, logits and sampler are
 stubs that cost next to nothing: the sampler draws each row's token from a fixed script of real text (English, code,
@@ -42,8 +42,6 @@ import struct
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
@@ -293,7 +291,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=32, help="decode steps before the first window")
     p.add_argument("--steps", type=int, default=64, help="steps per window")
     p.add_argument("--repeat", type=int, default=7, help="windows per configuration; the median is reported")
-    p.add_argument("--logprobs", type=int, default=0, help="logprobs per request (-1: none), as benchmarks/server.py")
+    p.add_argument("--logprobs", type=int, default=0, help="logprobs per request (-1: none), as server.py")
     p.add_argument("--stop", action="append",
                    help="a stop string every request carries (repeatable); a sample it stops leaves the batch, "
                         "while µs per sequence still divides by --batch")
@@ -336,5 +334,7 @@ def main(argv=None) -> int:
     return save_runs(args, runs, args.out / "host_step.json", print_table)
 
 
+# samebits: intentionally nondeterministic because a benchmark times stock torch and fast mode beside deterministic
+# mode, and each mode enters its own runtime (runtime/template.py) where it runs.
 if __name__ == "__main__":
     sys.exit(main())

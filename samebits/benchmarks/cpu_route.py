@@ -1,7 +1,7 @@
 """The CPU route on this machine, in one run: does a row keep its bits (raw torch.mm vs the proven route), what the
 route's self-test admitted, what it costs against stock F.linear, and, with --demo, `make demo`'s workload per mode.
 
-    python benchmarks/cpu_route.py --out DIR [--demo] [--label NAME]
+    python -m samebits.benchmarks.cpu_route --out DIR [--demo] [--label NAME]
 
 Prints tables, writes DIR/cpu_route.NAME.json and DIR/cpu_route.NAME.png (NAME defaults to the CPU vendor). Times are
 wall times with the weights cycled through 8 copies (a model's layers do not fit in cache either), median of 5.
@@ -14,10 +14,7 @@ import os
 import platform
 import random
 import statistics
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 import torch.nn.functional as F
@@ -169,5 +166,7 @@ def main() -> None:
     console.print(f"wrote {base}.json and {base}.png")
 
 
+# samebits: intentionally nondeterministic because a benchmark times stock torch and fast mode beside deterministic
+# mode, and each mode enters its own runtime (runtime/template.py) where it runs.
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
 """samebits paged attention vs torch SDPA, same GPU, same run: decode and causal prefill (Llama-3-8B heads).
 
-    python benchmarks/attention.py --out OUT_DIR [--quick]
+    python -m samebits.benchmarks.attention --out OUT_DIR [--quick]
 
 Decode: B sequences of `context` cached tokens, one query each; SDPA gets the same K/V contiguous ([B, Hkv, ctx, D],
 enable_gqa), ours reads them through a paged cache with scattered blocks. Prefill: one sequence, causal. Times are
@@ -24,8 +24,6 @@ import sys
 
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from samebits.engine.config import BLOCK_SIZES
 from samebits.kernels.attention import AttentionMetadata, paged_attention
@@ -222,7 +220,7 @@ def _supervise(args, path: str, info: dict, cases: list) -> dict:
         json.dump(info, f, indent=1)
     while len(info["rows"]) < len(cases):
         start = len(info["rows"])
-        cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--page", str(args.page),
+        cmd = [sys.executable, "-m", __spec__.name, "--out", args.out, "--page", str(args.page),
                "--from-case", str(start)] + (["--quick"] if args.quick else []) + \
               (["--variant", args.variant] if args.variant else [])
         rc = subprocess.call(cmd)
@@ -274,5 +272,7 @@ def main() -> None:
     _table(rows)
 
 
+# samebits: intentionally nondeterministic because a benchmark times stock torch and fast mode beside deterministic
+# mode, and each mode enters its own runtime (runtime/template.py) where it runs.
 if __name__ == "__main__":
     main()
