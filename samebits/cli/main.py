@@ -367,6 +367,9 @@ SERVE_HELP = {
     "tensor_parallel_size": "Ranks (processes, one GPU each on CUDA) the model is sharded over: 1, 2, 4 or 8.",
     "all_reduce": "Row-parallel sum across ranks: ordered (fixed order), native (NCCL's/gloo's own), or invariant "
                   "(TP-invariant mode: the same bits at every tensor-parallel size; docs/TP.md).",
+    "speculative_config": "Speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", "
+                          "\"num_speculative_tokens\": 4}' or '{\"method\": \"draft_model\", \"model\": PATH, "
+                          "\"num_speculative_tokens\": 4}': the same bits as without it (docs/SPECULATIVE.md).",
 }
 # One flag per field: the engine's fields first, then the server's own, each defaulting to the server's default.
 # MODEL may also come first, positionally, as in `vllm serve MODEL`.

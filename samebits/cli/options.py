@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import json
 import typing
 
 import typer
@@ -25,6 +26,9 @@ def flag(name: str, default, hint, help: str | None) -> inspect.Parameter:
     if typing.get_origin(hint) is tuple and typing.get_args(hint)[-1] is Ellipsis:
         # typer's tuples have a fixed length (`--prompt-tokens 128 1024`); a repeated flag gives a list
         hint, default = list[typing.get_args(hint)[0]], list(default)
+    if any(dataclasses.is_dataclass(arg) for arg in typing.get_args(hint)):
+        # A nested config is given as JSON, which its field's validation parses (vLLM's --speculative-config)
+        hint, default = str | None, None if default is None else json.dumps(dataclasses.asdict(default))
     decls = (FLAG_NAMES[name],) if name in FLAG_NAMES else ()
     option = typer.Option(default, *decls, help=help, show_default=default is not None)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=hint)

@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from samebits.dtypes import normalize_dtype
+from samebits.engine.spec_decode.config import SpeculativeConfig
 from samebits.modes import TP_SIZES, check_mode
 
 POLICIES = ("dynamic", "bucketed")
@@ -57,14 +58,19 @@ class EngineConfig:
     max_waiting: int | None = None
     tensor_parallel_size: int = 1
     all_reduce: str = "ordered"
+    # vLLM's speculative_config (a dict, its JSON, or a SpeculativeConfig): draft tokens verified in one forward,
+    # whose outputs are plain decoding's bits (engine/spec_decode/, docs/SPECULATIVE.md). None: off.
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         # Normalised in place so equal configs compare (and fingerprint) equal whatever spelling was used.
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         object.__setattr__(self, "device", None if self.device is None else str(self.device))
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
         self._check_choices()
         self._check_sizes()
         self._check_flags()
+        self._check_speculation()
 
     def _check_choices(self) -> None:
         _require(isinstance(self.model, str) and self.model != "", f"model must be a non-empty str, got {self.model!r}")
@@ -105,6 +111,18 @@ class EngineConfig:
         # Fast kernels keep no order for the invariant split to preserve.
         _require(self.all_reduce != "invariant" or self.mode == "deterministic",
                  f"all_reduce='invariant' needs mode='deterministic', got {self.mode!r}")
+
+    def _check_speculation(self) -> None:
+        if self.speculative_config is None:
+            return
+        # Each step's accepted tokens are read back before the next is drafted and scheduled (llm_engine.py).
+        _require(self.async_scheduling is not True,
+                 "async_scheduling=True cannot run with speculative_config (each step's accepted tokens are read "
+                 "back before the next step is drafted); give None or False")
+        # A bucketed step's shape is fixed by its policy; a verify chunk has 1 + k rows.
+        _require(self.policy == "dynamic", f"speculative_config needs policy='dynamic', got {self.policy!r}")
+        _require(self.tensor_parallel_size == 1,
+                 f"speculative_config needs tensor_parallel_size=1, got {self.tensor_parallel_size}")
 
     @classmethod
     def from_dict(cls, values: dict) -> EngineConfig:

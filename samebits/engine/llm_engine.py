@@ -10,6 +10,8 @@ for nothing, which is dropped. A row's arithmetic never depends on its neighbour
 """
 from __future__ import annotations
 
+import dataclasses
+
 from samebits.distributed import one_rank, parallel_numerics, runner_for
 from samebits.engine.config import EngineConfig
 from samebits.engine.output_processor import OutputProcessor
@@ -17,6 +19,7 @@ from samebits.engine.outputs import EngineInfo, EngineStats, RequestOutput, Step
 from samebits.engine.sampling_params import SamplingParams, check_prompt
 from samebits.engine.scheduler import ScheduledSeq, Scheduler
 from samebits.engine.seeds import SeedStream
+from samebits.engine.spec_decode.drafters import decoding
 
 
 class LLMEngine:
@@ -31,8 +34,9 @@ class LLMEngine:
         self.max_model_len = self._max_model_len()
         if config.cuda_graphs:
             self.runner.enable_cuda_graphs(self.max_model_len)
+        self.drafter, self.spec_stats = self._drafter()
         self.overlap = config.async_scheduling if config.async_scheduling is not None \
-            else self.runner.device.type == "cuda" and config.tensor_parallel_size == 1
+            else self.runner.device.type == "cuda" and config.tensor_parallel_size == 1 and self.drafter is None
         self.scheduler = Scheduler.from_config(config, self.runner.num_blocks, self.max_model_len,
                                                max_inflight=2 if self.overlap else 1)
         self._inflight = None  # (SchedulerOutput, SampledStep) launched and not yet read back
@@ -41,6 +45,18 @@ class LLMEngine:
         self._seeds = SeedStream(config.seed)
         self._fingerprint: dict | None = None
         self.prompt_tokens = 0
+
+    def _drafter(self):
+        """The drafter and its counts when speculative_config is set (engine/spec_decode/), else (None, None)."""
+        spec = self.config.speculative_config
+        if spec is None:
+            return None, None
+        from samebits.engine.spec_decode.drafters import make_drafter
+        from samebits.engine.spec_decode.verify import SpecDecodeStats
+
+        num_tokens = self.runner.num_blocks * self.config.block_size
+        return (make_drafter(self.config, self.loaded, num_tokens, self.max_model_len),
+                SpecDecodeStats(spec.num_speculative_tokens))
 
     def _max_model_len(self) -> int:
         limit = self.loaded.config.max_position_embeddings
@@ -111,12 +127,15 @@ class LLMEngine:
         return any(s.params.has_penalties for s in self.scheduler.running)
 
     def _launch(self, previous):
-        out = self.scheduler.schedule()
+        drafts = None if self.drafter is None else self.drafter.propose(decoding(self.scheduler.running))
+        out = self.scheduler.schedule(drafts)
         return out, self.runner.execute(out, previous[1] if previous is not None else None)
 
     def _finish_step(self, launched) -> None:
         out, sampled = launched
         finished = self.processor.process(out, sampled.to_host(), sampled.prompt_to_host())
+        for drafted, accepted in sampled.verified:
+            self.spec_stats.observe(drafted, accepted)
         self.scheduler.apply(out, finished)
 
     def drain(self) -> None:
@@ -162,6 +181,11 @@ class LLMEngine:
                           self.max_model_len, runner.dtype, str(runner.device), runner.num_blocks, runner.block_size)
 
     def stats(self) -> EngineStats:
-        s = self.scheduler.stats()
-        return EngineStats(s["num_running"], s["num_waiting"], s["kv_usage"], s["prefix_queries"], s["prefix_hits"],
-                           s["num_preemptions"], self.prompt_tokens, self.processor.generation_tokens)
+        s, spec = self.scheduler.stats(), self.spec_stats
+        stats = EngineStats(s["num_running"], s["num_waiting"], s["kv_usage"], s["prefix_queries"], s["prefix_hits"],
+                            s["num_preemptions"], self.prompt_tokens, self.processor.generation_tokens)
+        if spec is None:
+            return stats
+        return dataclasses.replace(stats, spec_num_drafts=spec.num_drafts, spec_num_draft_tokens=spec.num_draft_tokens,
+                                   spec_num_accepted_tokens=spec.num_accepted_tokens,
+                                   spec_accepted_per_pos=tuple(spec.accepted_per_pos))

@@ -12,6 +12,7 @@ from samebits.engine.outputs import PromptStepResult, StepResult
 from samebits.engine.prompt_logprobs import PromptRowsPlan, PromptScores, score_prompt_rows
 from samebits.engine.sampler import Sampler, SamplerOutput, SamplingBatch, teacher_forced
 from samebits.engine.sequence import PENDING
+from samebits.engine.spec_decode.verify import accepted_prefix
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.common import to_device
 from samebits.kernels.kv_cache import allocate_kv_cache
@@ -26,10 +27,17 @@ class SampledStep:
     enqueued, behind one event, so reading back waits for this step alone, never for a step launched after it (async
     scheduling, llm_engine.py)."""
 
-    def __init__(self, seqs: list, out: SamplerOutput | None = None, prompt: PromptScores | None = None):
+    def __init__(self, seqs: list, out: SamplerOutput | None = None, prompt: PromptScores | None = None,
+                 drafts: list[tuple[int, ...]] | None = None):
         self.seqs = seqs  # the sampled sequences, in row order
         self.out = out  # stays on the device: the next step reads its pending tokens from it
-        self.row = {s.seq_id: i for i, s in enumerate(seqs)}
+        # Per sequence the drafts its chunk verifies, its rows then 1 + len(drafts) from row[seq_id]. The pending
+        # filler reads row[seq_id] as the sequence's one draw: a verify step is never launched ahead of its read-back.
+        self.drafts = drafts or [()] * len(seqs)
+        self.row = dict(zip((s.seq_id for s in seqs), itertools.accumulate((len(d) + 1 for d in self.drafts),
+                                                                           initial=0)))
+        # (drafted, accepted) per verify chunk, filled by to_host (engine/spec_decode/verify.py SpecDecodeStats).
+        self.verified: list[tuple[int, int]] = []
         self._host = None if out is None else [
             _copy_to_host(t) for t in (out.token_ids, out.logprobs, out.top_logprob_ids, out.top_logprobs)]
         self._prompt = None if prompt is None else (prompt.plan, [_copy_to_host(t) for t in prompt.tensors()])
@@ -42,17 +50,27 @@ class SampledStep:
         if self._ready is not None:
             self._ready.synchronize()
 
-    def to_host(self) -> dict[int, StepResult]:
-        """StepResult per sampled sequence, by seq_id; top-logprobs cut to each sequence's own count."""
+    def to_host(self) -> dict[int, StepResult | list[StepResult]]:
+        """StepResult per sampled sequence, by seq_id; for a chunk that verified drafts, those of its accepted drafts
+        and its bonus token (verify.py); top-logprobs cut to each sequence's own count."""
         if self._host is None:
             return {}
         self._wait()
         # tolist turns float32 into the Python floats of exactly those values: no bit is lost.
         tokens, lps, ids, vals = (t.tolist() for t in self._host)
-        results = {}
-        for s, token, lp, top_ids, top_vals in zip(self.seqs, tokens, lps, ids, vals):
-            k = s.params.logprobs
-            results[s.seq_id] = StepResult(token, lp, dict(zip(top_ids[:k], top_vals[:k])) if k else {})
+
+        def result(i: int, k: int) -> StepResult:
+            return StepResult(tokens[i], lps[i], dict(zip(ids[i][:k], vals[i][:k])) if k else {})
+
+        results, self.verified = {}, []
+        for s, drafts in zip(self.seqs, self.drafts):
+            first, k = self.row[s.seq_id], s.params.logprobs
+            if not drafts:
+                results[s.seq_id] = result(first, k)
+                continue
+            accepted = accepted_prefix(drafts, tokens[first:first + len(drafts)])
+            self.verified.append((len(drafts), accepted))
+            results[s.seq_id] = [result(i, k) for i in range(first, first + accepted + 1)]
         return results
 
     def prompt_to_host(self) -> dict[int, PromptStepResult]:
@@ -89,11 +107,18 @@ def flatten(scheduled, padding: tuple[int, ...], scratch_block: int, block_size:
 
 
 def sampling_batch(items, eos_token_ids) -> SamplingBatch:
-    """The SamplingBatch of the scheduled chunks `items` that sample. The position drawn at is the chunk's end, not
-    seq.num_tokens, which counts the pending slots."""
-    seqs = [s.seq for s in items]
+    """The SamplingBatch of the scheduled chunks `items` that sample: one row each, drawn at the chunk's end (not
+    seq.num_tokens, which counts the pending slots), and before it one per verified draft, drawn where it sits."""
+    rows = [(s.seq, p) for s in items for p in range(s.context_len - len(s.drafts), s.context_len + 1)]
+    seqs = [seq for seq, _ in rows]
     return SamplingBatch.of([s.params for s in seqs], [s.seed for s in seqs], [s.sample_index for s in seqs],
-                            [s.context_len for s in items], seqs, eos_token_ids)
+                            [p for _, p in rows], seqs, eos_token_ids)
+
+
+def sampled_rows(scheduled, ends: list[int]) -> list[int]:
+    """The rows of a step's flattened batch that sample, in sampling_batch's order: each sampling chunk's last, and
+    before it one per draft it verifies."""
+    return [r for s, end in zip(scheduled, ends) if s.sample for r in range(end - 1 - len(s.drafts), end)]
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -200,10 +225,16 @@ class ModelRunner:
         items = [s for s in scheduled if s.sample]
         if not items:
             return SampledStep([], None, prompt)
-        rows = to_device([end - 1 for s, end in zip(scheduled, ends) if s.sample], torch.int64, self.device)
+        rows = to_device(sampled_rows(scheduled, ends), torch.int64, self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))
-        return SampledStep([s.seq for s in items], self.sampler(logits, sampling_batch(items, self.eos_token_ids)),
-                           prompt)
+        out = self._draw(logits, sampling_batch(items, self.eos_token_ids), items)
+        return SampledStep([s.seq for s in items], out, prompt, [s.drafts for s in items])
+
+    def _draw(self, logits: torch.Tensor, batch: SamplingBatch, items) -> SamplerOutput:
+        """Every sampled row's draw, a verified draft's row included: the sampler's own, so each is the draw plain
+        decoding makes at that position (engine/spec_decode/verify.py). The seam the negative control replaces with
+        standard speculative sampling, which reads `items`' drafts."""
+        return self.sampler(logits, batch)
 
     def _prompt_scores(self, hidden: torch.Tensor, plan: PromptRowsPlan | None) -> PromptScores | None:
         """The prompt-logprob rows' scores, apart from the sampled rows so theirs run exactly as without them."""

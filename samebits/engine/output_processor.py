@@ -115,7 +115,8 @@ class OutputProcessor:
     # ---- one step ------------------------------------------------------------------------------------------
     def process(self, output, results: Mapping[int, StepResult],
                 prompt_rows: Mapping[int, PromptStepResult] | None = None) -> list[Finish]:
-        """Take the step's draws (`results[seq_id]` for each chunk with sample=True) and prompt-logprob rows
+        """Take the step's draws (`results[seq_id]` for each chunk with sample=True: its StepResult, or a chunk that
+        verified drafts its accepted tokens' and bonus token's, in order) and prompt-logprob rows
         (`prompt_rows[seq_id]` for each chunk with prompt_rows); return who finishes now."""
         for item in output.scheduled:
             if item.prompt_rows and not item.seq.is_finished:  # before any draw: a sample's output then holds them
@@ -128,9 +129,11 @@ class OutputProcessor:
             result = results.get(seq.seq_id)
             if result is None:
                 raise ValueError(f"no sampled token for {seq!r}, whose chunk ended with sample=True")
-            finish = self._take(seq, result)
-            if finish is not None:
-                finished.append(finish)
+            for one in (result,) if isinstance(result, StepResult) else result:
+                finish = self._take(seq, one)
+                if finish is not None:  # the tokens after it are never plain decoding's: dropped unread
+                    finished.append(finish)
+                    break
         return finished
 
     def _take(self, seq: Sequence, result: StepResult) -> Finish | None:

@@ -202,6 +202,12 @@ class EngineStats:
     num_preemptions: int
     prompt_tokens: int
     generation_tokens: int
+    # Speculative decoding's counts (engine/spec_decode/verify.py SpecDecodeStats), vLLM's; the per-position tuple
+    # holds num_speculative_tokens entries when speculation is on and is empty when it is off.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,8 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     # Trailing token slots whose draw is still on the device (0; 1 between a step and its read-back; 2 while a step
-    # is scheduled ahead of the read-back, engine/llm_engine.py). The resolved tokens are those before them.
+    # is scheduled ahead of the read-back, engine/llm_engine.py; 1 + k while a chunk verifies k draft tokens, whose
+    # slots hold the drafts until the read-back). The resolved tokens are those before them.
     num_pending: int = 0
     # time.monotonic() when the scheduler first admitted it (for queue and prefill time metrics; never numerics).
     first_scheduled: float | None = None
@@ -141,6 +142,14 @@ class Sequence:
         self.token_ids.append(PENDING)
         self.num_pending += 1
 
+    def reserve_drafts(self, drafts) -> None:
+        """The chunk that samples the reserved slot also verifies `drafts` (engine/spec_decode/): it computes them as
+        the next tokens, so their slots hold them, each still pending, and the draw after the last gets a slot too."""
+        if not self.num_pending or self.token_ids[-1] != PENDING:
+            raise RuntimeError(f"{self!r} has no reserved slot for drafts to follow")
+        self.token_ids[-1:] = [*drafts, PENDING]
+        self.num_pending += len(drafts)
+
     def resolve_token(self, token_id: int) -> None:
         """The oldest pending draw has been read back."""
         if not self.num_pending:
@@ -149,7 +158,8 @@ class Sequence:
         self.num_pending -= 1
 
     def drop_pending(self) -> None:
-        """Finished: a draw scheduled ahead of the finish is never read back."""
+        """Finished: a draw scheduled ahead of the finish is never read back. Verified drafts: the slots past the
+        accepted ones and their bonus token."""
         del self.token_ids[self.num_resolved:]
         self.num_pending = 0
 

@@ -38,6 +38,7 @@ class _EngineCollector:
     def collect(self) -> Iterable:
         yield from self._gauges()
         yield from self._counters()
+        yield from self._spec_decode()
 
     def _gauges(self) -> Iterable:
         s, ae = self.ae.stats, self.ae
@@ -63,6 +64,25 @@ class _EngineCollector:
         )
         for name, doc, value in counters:
             yield self._family(CounterMetricFamily, name, doc, value)
+
+    def _spec_decode(self) -> Iterable:
+        """vLLM's speculative-decoding counters, exported when speculation is on (as vLLM registers them); the
+        acceptance rate and mean acceptance length are PromQL over them (docs/METRICS.md)."""
+        s = self.ae.stats
+        if not s.spec_accepted_per_pos:
+            return
+        counters = (
+            ("spec_decode_num_drafts", "Verified drafts (one per decode chunk that verified any).", s.spec_num_drafts),
+            ("spec_decode_num_draft_tokens", "Draft tokens verified.", s.spec_num_draft_tokens),
+            ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.spec_num_accepted_tokens),
+        )
+        for name, doc, value in counters:
+            yield self._family(CounterMetricFamily, name, doc, value)
+        family = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                     "Accepted tokens per draft position.", labels=[MODEL_LABEL, "position"])
+        for position, value in enumerate(s.spec_accepted_per_pos):
+            family.add_metric([self.model_name, str(position)], value)
+        yield family
 
     def _family(self, kind, name: str, doc: str, value: float):
         family = kind(PREFIX + name, doc, labels=[MODEL_LABEL])

@@ -16,6 +16,9 @@ class ScheduledSeq:
     start: int
     # Positions whose rows' logits give prompt logprobs (Sequence.prompt_rows), within [start, context_len).
     prompt_rows: range = range(0)
+    # Draft tokens this decode chunk verifies (engine/spec_decode/): its last 1 + len(drafts) rows are sampled, the
+    # drafts being its last len(drafts) input tokens.
+    drafts: tuple[int, ...] = ()
 
     @property
     def token_ids(self) -> list[int]:

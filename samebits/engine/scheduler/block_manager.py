@@ -164,6 +164,17 @@ class BlockManager:
         seq.block_table.extend(new)
         return new
 
+    def room_tokens(self, seq: Sequence) -> int:
+        """How many tokens past seq.num_computed_tokens its blocks and the free ones can hold."""
+        return (len(seq.block_table) + len(self.free_ids)) * self.block_size - seq.num_computed_tokens
+
+    def trim(self, seq: Sequence) -> None:
+        """Release seq's blocks past its computed tokens (a verified draft's rejected tail: never cached, so free)."""
+        keep = cdiv(seq.num_computed_tokens, self.block_size)
+        for block_id in reversed(seq.block_table[keep:]):
+            self._release(block_id)
+        del seq.block_table[keep:]
+
     # ---- the free list -------------------------------------------------------------------------------------
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Sequence as Sequence_
 from contextlib import contextmanager
 
 from samebits.arith import cdiv
@@ -140,15 +141,43 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ---- scheduling ----------------------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: Mapping[int, Sequence_[int]] | None = None) -> SchedulerOutput:
+        """The next step's chunks; `drafts[seq_id]`: tokens a drafter proposes to follow that decoding sequence's
+        last one, verified in its decode chunk where the budget and free blocks leave room (`_attach_drafts`)."""
         if len(self._pending) >= self.max_inflight:
             raise RuntimeError(f"schedule() called with {len(self._pending)} step(s) not yet applied "
                                f"(max_inflight={self.max_inflight})")
+        if drafts and self.max_inflight != 1:
+            raise RuntimeError("drafts need max_inflight=1: a verify step's accepted tokens are read back before the "
+                               "next step is scheduled")
         preempted: list[Sequence] = []
         plan = self.policy.plan(self, preempted)
+        if drafts:
+            self._attach_drafts(plan.scheduled, drafts)
         out = SchedulerOutput(plan.scheduled, preempted, plan.kind, plan.padding, len(self.running), len(self.waiting))
         self._pending.append(out)
         return out
+
+    def _attach_drafts(self, scheduled: list[ScheduledSeq], drafts: Mapping[int, Sequence_[int]]) -> None:
+        """Extend planned decode chunks by their sequence's drafts, in schedule order, with the budget the plan left
+        and blocks already free: a draft never preempts or delays anyone. A sequence drafts at most up to the token
+        that max_tokens or max_model_len would end it with, so every sampled row is one plain decoding samples."""
+        budget = self.max_num_batched_tokens - sum(item.num_new_tokens for item in scheduled)
+        for item in scheduled:
+            seq = item.seq
+            proposal = drafts.get(seq.seq_id)
+            if budget <= 0 or not proposal or not (item.sample and item.num_new_tokens == 1):
+                continue
+            room = min(seq.params.max_tokens - seq.num_generated, self.max_model_len - seq.num_resolved) - 1
+            k = min(len(proposal), budget, room, self.bm.room_tokens(seq))
+            if k <= 0:
+                continue
+            self.bm.append_slots(seq, k)
+            seq.num_computed_tokens += k
+            seq.reserve_drafts(proposal[:k])
+            item.num_new_tokens += k
+            item.drafts = tuple(proposal[:k])
+            budget -= k
 
     def grow(self, seq: Sequence, n: int, preempted: list[Sequence]) -> ScheduledSeq | None:
         """Schedule the next n tokens of running seq, preempting later arrivals for room; None if seq had to go."""
@@ -230,10 +259,20 @@ class Scheduler:
             raise RuntimeError("apply() must receive the oldest output of schedule() not yet applied")
         self._pending.pop(0)
         for item in output.scheduled:
+            if item.drafts and not item.seq.is_finished:  # first, so no rejected draft's KV is ever cached
+                self._roll_back_drafts(item.seq)
+        for item in output.scheduled:
             if not item.seq.is_finished:  # aborted mid-step: nothing to keep
                 self.bm.cache_computed_blocks(item.seq)
         for finish in finished:
             self._finish(finish)
+
+    def _roll_back_drafts(self, seq: Sequence) -> None:
+        """After a verify chunk's read-back: the slots past the accepted drafts and their bonus token go, and so do
+        the computed rows and blocks of the rejected drafts. The bonus token is left uncomputed, as a decode's draw."""
+        seq.drop_pending()
+        seq.num_computed_tokens = seq.num_tokens - 1
+        self.bm.trim(seq)
 
     # ---- teacher-forced scoring ---------------------------------------------------------------------------
     @contextmanager
@@ -284,7 +323,12 @@ class Scheduler:
         require(seq.status is SequenceStatus.WAITING, f"{seq!r} in waiting")
         require(not seq.block_table and seq.num_computed_tokens == 0, f"{seq!r} waits holding KV")
         require(seq.num_resolved < self.max_model_len, f"{seq!r} exceeds max_model_len")
-        require(seq.num_pending <= len(self._pending), f"{seq!r}: more pending draws than steps in flight")
+        require(seq.num_pending <= self._slots_in_flight(seq), f"{seq!r}: more pending slots than draws in flight")
+
+    def _slots_in_flight(self, seq: Sequence) -> int:
+        """Token slots the steps not yet applied reserved for seq: one per draw, and one per draft it verifies."""
+        return sum(1 + len(item.drafts) for out in self._pending for item in out.scheduled
+                   if item.seq is seq and item.sample)
 
     def _check_running(self, seq: Sequence) -> None:
         bs, table = self.bm.block_size, len(seq.block_table)
@@ -292,6 +336,6 @@ class Scheduler:
         require(0 <= seq.num_computed_tokens < seq.num_tokens, f"{seq!r}: the last token must be uncomputed")
         require(seq.num_resolved < self.max_model_len, f"{seq!r} exceeds max_model_len")
         require(seq.num_generated < seq.params.max_tokens, f"{seq!r} should have finished")
-        require(seq.num_pending <= len(self._pending), f"{seq!r}: more pending draws than steps in flight")
+        require(seq.num_pending <= self._slots_in_flight(seq), f"{seq!r}: more pending slots than draws in flight")
         require(table == cdiv(seq.num_computed_tokens, bs), f"{seq!r}: blocks do not match computed tokens")
 
