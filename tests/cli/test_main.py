@@ -74,3 +74,24 @@ def test_serve_bad_tensor_parallel_size_is_one_line_error(served):
     res = run("serve", "/models/a", "--tensor-parallel-size", "3")
     assert_one_line_error(res)
     assert "tensor_parallel_size must be one of (1, 2, 4, 8), got 3" in res.output and served == []
+
+
+def test_serve_takes_vllms_speculative_config_json(served):
+    res = run("serve", "/models/a", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}')
+    assert res.exit_code == 0, res.output
+    (config,) = served
+    spec = config.engine.speculative_config
+    assert (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max) == (
+        "ngram", 4, 5, 5)
+
+
+@pytest.mark.parametrize("value,says", [
+    ('{"method": "eagle", "num_speculative_tokens": 4}', "speculative_config.method must be one of"),
+    ('{"method": "ngram", "num_speculative_tokens": 17}', ("speculative_config.num_speculative_tokens must be an int in "
+                                                          "[1, 16], got 17")),
+    ("ngram", "speculative_config must be a JSON object"),
+])
+def test_serve_bad_speculative_config_is_one_line_error(served, value, says):
+    res = run("serve", "/models/a", "--speculative-config", value)
+    assert_one_line_error(res)
+    assert says in res.output and served == []

@@ -121,6 +121,21 @@ def test_prefill_equals_chunked_prefix_hit_and_decode(d, hq, hkv):
 
 
 @pytest.mark.parametrize("d,hq,hkv", [(64, 8, 2)])
+def test_verify_chunks_batched_equal_prefill(d, hq, hkv):
+    """Speculative decoding's verify chunks (1 + k rows ending anywhere, engine/spec_decode/) of every sequence in one
+    call, those of equal rows and tiles in one group as decode rows are: each row has its full prefill's bits."""
+    world = make_world(LENS, hq, hkv, d, 16, seed=5 * d + hq)
+    full = full_prefill(world)
+    rng = random.Random(d + hkv)
+    for k in (2, 8):
+        reqs = [(s, rng.randint(min(n, k + 1), n), min(n, k + 1)) for s, n in enumerate(LENS)]
+        reqs += [(s, ctx + 1, n) for s, ctx, n in reqs if ctx < LENS[s]]  # a neighbour: often the same group
+        rng.shuffle(reqs)
+        for (s, ctx, n), out in zip(reqs, run(world, reqs)):
+            assert_same_bits(out, full[s][ctx - n:ctx], f"seq {s} verify chunk of {n} rows ending at {ctx}")
+
+
+@pytest.mark.parametrize("d,hq,hkv", [(64, 8, 2)])
 def test_every_position_decodes_to_its_prefill_bits(d, hq, hkv):
     world = make_world([400], hq, hkv, d, 16, seed=7)
     full = full_prefill(world)[0]

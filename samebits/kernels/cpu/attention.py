@@ -10,9 +10,9 @@ enters):
    row skips (explicit select) every tile that holds none of its keys, so a row folds the same tiles in the same order
    whether it is decoded alone or sits in a prefill chunk with later rows, and however many tiles its group spans.
 Entries go through `entry_gemm` (one torch.bmm where the batch was proven to give every entry its own canonical
-torch.mm bits, else one torch.mm each), so how entries are grouped never moves a bit: decode rows of all sequences
-holding the same number of tiles are one group (a few ops per group, not per sequence), a prefill's chunks go one by
-one over their sequence's keys. The block size r of a chunk is the smallest admitted for both tile GEMM shapes.
+torch.mm bits, else one torch.mm each), so how entries are grouped never moves a bit: the one-chunk sequences (decode
+rows, verify chunks) holding the same numbers of new tokens and tiles are one group (a few ops per group, not per
+sequence), a longer prefill's chunks go one by one over their sequence's keys. The block size r of a chunk is the smallest admitted for both tile GEMM shapes.
 """
 from __future__ import annotations
 
@@ -123,9 +123,10 @@ def paged_attention_cpu(q, k_cache, v_cache, meta, scale: float, *, rows: int = 
                         tile: int = KV_TILE) -> torch.Tensor:
     """Deterministic CPU path; the keyword knobs exist for negative controls only.
 
-    Decode rows (one new token) of all sequences that hold the same number of tiles are one group: entries of many
-    sequences in one torch.bmm per tile. A prefill's chunks go one by one over their sequence's keys, gathered once.
-    Every entry gets its canonical bits either way, so the two agree (tests/kernels/test_attention.py)."""
+    The sequences whose new tokens fit one chunk (decode rows, speculative decoding's verify chunks of 1 + k rows)
+    and hold the same number of tokens and tiles are one group: entries of many sequences in one torch.bmm per tile.
+    A longer prefill's chunks go one by one over their sequence's keys, gathered once. Every entry gets its canonical
+    bits either way, so the two agree (tests/kernels/test_attention.py)."""
     settle()
     h_kv = k_cache.shape[2]
     g = q.shape[1] // h_kv
@@ -133,19 +134,19 @@ def paged_attention_cpu(q, k_cache, v_cache, meta, scale: float, *, rows: int = 
     out = torch.empty_like(q)
     tables, ctx = meta.block_tables.cpu(), meta.context_lens.cpu().long()
     ctx_list = ctx.tolist()
-    decode = defaultdict(list)
+    single = defaultdict(list)
     for b, chunks in _chunks(meta, rows // g).items():
         if not chunks:
             continue
-        if len(chunks) == 1 and chunks[0][2] == 1:
-            decode[cdiv(ctx_list[b], tile)].append(chunks[0])
+        if len(chunks) == 1:  # a decode row, a verify chunk of 1 + k rows, a short prompt
+            single[chunks[0][2], cdiv(ctx_list[b], tile)].append(chunks[0])
             continue
         n_tiles = cdiv(ctx_list[b], tile)
         keys, values = _group_kv(k_cache, v_cache, tables, ctx, torch.tensor([b]), n_tiles, tile, h_kv)
         for chunk in chunks:
             n_vis = cdiv(chunk[3] + chunk[2], tile)
             _run_group(q, [chunk], keys[:n_vis], values[:n_vis], out, scale, tile, rows, g, h_kv)
-    for n_tiles, chunks in decode.items():
+    for (_, n_tiles), chunks in single.items():
         n_entries = next_pow2(len(chunks) * h_kv)  # few distinct torch.bmm batch sizes, so few proofs
         keys, values = _group_kv(k_cache, v_cache, tables, ctx, torch.tensor([c[0] for c in chunks]), n_tiles, tile,
                                  n_entries)
