@@ -115,10 +115,6 @@ class EngineConfig:
     def _check_speculation(self) -> None:
         if self.speculative_config is None:
             return
-        # Each step's accepted tokens are read back before the next is drafted and scheduled (llm_engine.py).
-        _require(self.async_scheduling is not True,
-                 "async_scheduling=True cannot run with speculative_config (each step's accepted tokens are read "
-                 "back before the next step is drafted); give None or False")
         # A bucketed step's shape is fixed by its policy; a verify chunk has 1 + k rows.
         _require(self.policy == "dynamic", f"speculative_config needs policy='dynamic', got {self.policy!r}")
         _require(self.tensor_parallel_size == 1,

@@ -100,13 +100,17 @@ class DecodeGraphs:
         padded = table + [self.scratch_block] * (width - len(table))
         return [s.token_ids[0], p, p + 1, kv_slot(table, p, self.block_size)] + padded
 
+    def idle(self, bs: int) -> None:
+        """The first bs rows as dummies that write no KV (slot -1): what a warm-up or capture runs."""
+        self.ctx[:bs], self.slots[:bs] = 1, -1
+
     def _eager(self, bs: int, grid_len: int) -> torch.Tensor:
         return self.model.forward(self.ids[:bs], self.positions[:bs], self.kv_caches, self.meta(bs, grid_len))
 
     def capture(self, key: tuple[int, int]) -> None:
         # Warm up on a side stream (compiles every Triton kernel at these shapes), then capture.
         bs, grid_len = key
-        self.ctx[:bs], self.slots[:bs] = 1, -1
+        self.idle(bs)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -135,4 +139,8 @@ class DecodeGraphs:
             fill_pending(self.ids)
         graph, out = self.graphs[key]
         graph.replay()
+        return self.real_rows(out, scheduled)
+
+    def real_rows(self, out: torch.Tensor, scheduled) -> torch.Tensor:
+        """The output rows of the step's own tokens, in schedule order."""
         return out[:len(scheduled)]

@@ -19,7 +19,6 @@ from samebits.engine.outputs import EngineInfo, EngineStats, RequestOutput, Step
 from samebits.engine.sampling_params import SamplingParams, check_prompt
 from samebits.engine.scheduler import ScheduledSeq, Scheduler
 from samebits.engine.seeds import SeedStream
-from samebits.engine.spec_decode.drafters import decoding
 
 
 class LLMEngine:
@@ -34,9 +33,9 @@ class LLMEngine:
         self.max_model_len = self._max_model_len()
         if config.cuda_graphs:
             self.runner.enable_cuda_graphs(self.max_model_len)
-        self.drafter, self.spec_stats = self._drafter()
+        self.speculator = self._speculator()
         self.overlap = config.async_scheduling if config.async_scheduling is not None \
-            else self.runner.device.type == "cuda" and config.tensor_parallel_size == 1 and self.drafter is None
+            else self.runner.device.type == "cuda" and config.tensor_parallel_size == 1
         self.scheduler = Scheduler.from_config(config, self.runner.num_blocks, self.max_model_len,
                                                max_inflight=2 if self.overlap else 1)
         self._inflight = None  # (SchedulerOutput, SampledStep) launched and not yet read back
@@ -46,17 +45,17 @@ class LLMEngine:
         self._fingerprint: dict | None = None
         self.prompt_tokens = 0
 
-    def _drafter(self):
-        """The drafter and its counts when speculative_config is set (engine/spec_decode/), else (None, None)."""
+    def _speculator(self):
+        """The drafter, when it drafts, and its counts when speculative_config is set (engine/spec_decode/)."""
         spec = self.config.speculative_config
         if spec is None:
-            return None, None
+            return None
         from samebits.engine.spec_decode.drafters import make_drafter
-        from samebits.engine.spec_decode.verify import SpecDecodeStats
+        from samebits.engine.spec_decode.speculator import Speculator
 
         num_tokens = self.runner.num_blocks * self.config.block_size
-        return (make_drafter(self.config, self.loaded, num_tokens, self.max_model_len),
-                SpecDecodeStats(spec.num_speculative_tokens))
+        return Speculator(make_drafter(self.config, self.loaded, num_tokens, self.max_model_len),
+                          spec.num_speculative_tokens)
 
     def _max_model_len(self) -> int:
         limit = self.loaded.config.max_position_embeddings
@@ -103,8 +102,10 @@ class LLMEngine:
 
     # ---- stepping ------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        if not self.overlap:
-            self._finish_step(self._launch(None))
+        speculate = self.speculator is not None and self.speculator.due()
+        if speculate or not self.overlap:  # drafts follow resolved tokens: nothing may be in flight
+            self.drain()
+            self._finish_step(self._launch(None, speculate))
             return self.processor.outputs()
         previous, self._inflight = self._inflight, None
         if previous is not None and self._penalised_running():
@@ -126,16 +127,16 @@ class LLMEngine:
     def _penalised_running(self) -> bool:
         return any(s.params.has_penalties for s in self.scheduler.running)
 
-    def _launch(self, previous):
-        drafts = None if self.drafter is None else self.drafter.propose(decoding(self.scheduler.running))
+    def _launch(self, previous, speculate: bool = False):
+        drafts = self.speculator.propose(self.scheduler.running) if speculate else None
         out = self.scheduler.schedule(drafts)
-        return out, self.runner.execute(out, previous[1] if previous is not None else None)
+        return out, self.runner.execute(out, previous[1] if previous is not None else None), speculate
 
     def _finish_step(self, launched) -> None:
-        out, sampled = launched
+        out, sampled, speculated = launched
         finished = self.processor.process(out, sampled.to_host(), sampled.prompt_to_host())
-        for drafted, accepted in sampled.verified:
-            self.spec_stats.observe(drafted, accepted)
+        if speculated:
+            self.speculator.observe(sampled.verified)
         self.scheduler.apply(out, finished)
 
     def drain(self) -> None:
@@ -181,7 +182,7 @@ class LLMEngine:
                           self.max_model_len, runner.dtype, str(runner.device), runner.num_blocks, runner.block_size)
 
     def stats(self) -> EngineStats:
-        s, spec = self.scheduler.stats(), self.spec_stats
+        s, spec = self.scheduler.stats(), self.speculator and self.speculator.stats
         stats = EngineStats(s["num_running"], s["num_waiting"], s["kv_usage"], s["prefix_queries"], s["prefix_hits"],
                             s["num_preemptions"], self.prompt_tokens, self.processor.generation_tokens)
         if spec is None:

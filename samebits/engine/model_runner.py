@@ -172,7 +172,7 @@ class ModelRunner:
                                            mc.head_dim, self.dtype, self.device)
         self.sampler = Sampler(self.model.ops)
         self.eos_token_ids = tuple(sorted(loaded.tokenizer.eos_token_ids))  # what min_tokens masks, as the stop rule
-        self.graphs = None
+        self.graphs = self.verify_graphs = None
 
     def prove_routes(self) -> None:
         prove_routes(self.model)
@@ -183,8 +183,13 @@ class ModelRunner:
             return
         from samebits.engine.cuda_graphs import DecodeGraphs
 
-        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, self.scratch_block, max_model_len,
-                                   self.config.max_num_seqs)
+        args = self.model, self.kv_caches, self.block_size, self.scratch_block, max_model_len, self.config.max_num_seqs
+        self.graphs = DecodeGraphs(*args)
+        spec = self.config.speculative_config
+        if spec is not None:  # steps that verify drafts: a graph of 1 + k rows a sequence (spec_decode/graphs.py)
+            from samebits.engine.spec_decode.graphs import VerifyGraphs
+
+            self.verify_graphs = VerifyGraphs(*args, spec.num_speculative_tokens)
 
     def set_ops(self, ops) -> None:
         self.model.set_ops(ops)
@@ -216,9 +221,11 @@ class ModelRunner:
         ends = list(itertools.accumulate(s.num_new_tokens for s in scheduled))
         fill = self._pending_filler(scheduled, ends, previous)
         hidden = None
-        key = self.graphs.graph_key(output) if self.graphs is not None else None
-        if key is not None:
-            hidden = self._graph_forward(output.scheduled, key, fill)
+        for graphs in (self.graphs, self.verify_graphs):
+            key = graphs.graph_key(output) if graphs is not None else None
+            if key is not None:
+                hidden = self._graph_forward(graphs, output.scheduled, key, fill)
+                break
         if hidden is None:
             hidden = self.forward(scheduled, output.padding, fill)
         prompt = self._prompt_scores(hidden, PromptRowsPlan.of(scheduled, ends))
@@ -265,9 +272,10 @@ class ModelRunner:
 
         return fill
 
-    def _graph_forward(self, scheduled, key, fill):
+    @staticmethod
+    def _graph_forward(graphs, scheduled, key, fill):
         try:
-            return self.graphs.forward(scheduled, key, fill)
+            return graphs.forward(scheduled, key, fill)
         except RuntimeError as e:  # a capture failure costs speed, never bits: eager computes the same rows
             warnings.warn(f"CUDA graph capture failed ({e}); this step runs eagerly and the capture is retried "
                           "(cuda_graphs.CAPTURE_ATTEMPTS)", stacklevel=2)

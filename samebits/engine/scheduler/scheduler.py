@@ -147,9 +147,8 @@ class Scheduler:
         if len(self._pending) >= self.max_inflight:
             raise RuntimeError(f"schedule() called with {len(self._pending)} step(s) not yet applied "
                                f"(max_inflight={self.max_inflight})")
-        if drafts and self.max_inflight != 1:
-            raise RuntimeError("drafts need max_inflight=1: a verify step's accepted tokens are read back before the "
-                               "next step is scheduled")
+        if drafts and self._pending:
+            raise RuntimeError("drafts follow resolved tokens: schedule them with no step in flight")
         preempted: list[Sequence] = []
         plan = self.policy.plan(self, preempted)
         if drafts:

@@ -45,7 +45,6 @@ def test_bad_values_name_the_field_and_limit(value, says):
 
 
 @pytest.mark.parametrize("other,says", [
-    ({"async_scheduling": True}, "async_scheduling=True cannot run with speculative_config"),
     ({"policy": "bucketed", "max_num_batched_tokens": 256}, "speculative_config needs policy='dynamic'"),
     ({"tensor_parallel_size": 2}, "speculative_config needs tensor_parallel_size=1"),
 ])
