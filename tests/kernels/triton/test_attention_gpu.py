@@ -105,6 +105,27 @@ def test_a_graph_sized_grid_equals_the_folded_launch(d, hq, hkv, dtype, monkeypa
     assert not mismatch(torch.cat(run(world, reqs, wide)), folded).same
 
 
+@pytest.mark.parametrize("d,hq,hkv,dtype", CASES)
+def test_verify_chunks_equal_prefill(d, hq, hkv, dtype):
+    """Speculative decoding's verify chunks (engine/spec_decode/): 5 and 9 rows ending at every 7th position of every
+    sequence, in one launch, splits folded or parallel, and on a verify graph's grid (max_context_len 8192): each row
+    has the full prefill's bits."""
+    import dataclasses
+
+    world = world_for(d, hq, hkv, dtype, seed=13 * d + hq)
+    full = full_prefill(world, pa)
+
+    def wide(q, k, v, meta, scale):
+        return pa(q, k, v, dataclasses.replace(meta, max_context_len=8192), scale)
+
+    for rows in (5, 9):
+        reqs = [(s, t, rows) for s, x in enumerate(world.q) for t in range(rows, len(x) + 1, 7)]
+        want = torch.cat([full[s][t - n:t] for s, t, n in reqs])
+        for name, attn, kw in (("folded", pa, {"parallel_splits": False}), ("parallel", pa, {"parallel_splits": True}),
+                               ("graph grid", wide, {})):
+            assert_same_bits(torch.cat(run(world, reqs, attn, **kw)), want, f"{rows}-row verify chunks, {name}")
+
+
 def test_the_fused_merge_equals_the_merge_kernel_under_load(monkeypatch):
     """Thousands of decode rows in one launch with splits in parallel (every 5th position of 16 sequences up to 3000
     tokens, tens of thousands of programs racing for their tiles' counters): the fused merge gives the merge kernel's
