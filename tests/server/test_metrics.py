@@ -122,3 +122,33 @@ def test_counted_observations_export_as_prometheus_histograms_do():
     assert generate_latest(ours) == generate_latest(theirs)
     counted.observe(0.005, 1)  # negative control: one observation more shows
     assert generate_latest(ours) != generate_latest(theirs)
+
+
+def test_spec_decode_counters_under_vllms_names_only_with_speculation():
+    """vLLM's spec_decode_* counters (vllm/v1/spec_decode/metrics.py), from the engine's stats; none without
+    speculation, as vLLM registers them only when it is on."""
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from samebits.engine.outputs import EngineStats
+    from samebits.server.metrics import _EngineCollector
+
+    def scrape(stats):
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_EngineCollector(SimpleNamespace(stats=stats, healthy=True, counters=SimpleNamespace(
+            prompt_tokens=0, generation_tokens=0, requests_finished=0, requests_aborted=0, requests_rejected=0)),
+            MODEL_NAME))
+        return {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+
+    off = EngineStats(1, 0, 0.1, 0, 0, 0, 5, 9)
+    assert not [n for n in scrape(off) if "spec_decode" in n]
+    found = scrape(EngineStats(1, 0, 0.1, 0, 0, 0, 5, 9, spec_num_drafts=4, spec_num_draft_tokens=13,
+                               spec_num_accepted_tokens=7, spec_accepted_per_pos=(3, 2, 1, 1)))
+    values = {(s.name, s.labels.get("position")): s.value for f in found.values() for s in f.samples
+              if s.name.startswith("samebits:spec_decode") and not s.name.endswith("_created")}
+    assert values == {
+        ("samebits:spec_decode_num_drafts_total", None): 4, ("samebits:spec_decode_num_draft_tokens_total", None): 13,
+        ("samebits:spec_decode_num_accepted_tokens_total", None): 7,
+        **{("samebits:spec_decode_num_accepted_tokens_per_pos_total", str(p)): v for p, v in enumerate((3, 2, 1, 1))}}
+    assert all(found[n].type == "counter" for n in found if "spec_decode" in n)
