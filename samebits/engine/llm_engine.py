@@ -102,7 +102,7 @@ class LLMEngine:
 
     # ---- stepping ------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        speculate = self.speculator is not None and self.speculator.due()
+        speculate = self.speculator is not None and self.speculator.due(self.scheduler.running)
         if speculate or not self.overlap:  # drafts follow resolved tokens: nothing may be in flight
             self.drain()
             self._finish_step(self._launch(None, speculate))

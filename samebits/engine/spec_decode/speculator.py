@@ -27,8 +27,11 @@ class Speculator:
         self.backoff = 0  # plain steps after the last failed try
         self.wait = 0  # plain steps still to run before the next try
 
-    def due(self) -> bool:
-        """Whether this step drafts; call once per step."""
+    def due(self, running: list[Sequence]) -> bool:
+        """Whether this step drafts; call once per step. A step with no decoding sequence neither drafts nor counts
+        as one between tries (prefill steps would otherwise use up the back-off before the first decode)."""
+        if not any(s.num_uncomputed == 1 for s in running):
+            return False
         if self.wait:
             self.wait -= 1
             return False

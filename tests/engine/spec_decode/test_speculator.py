@@ -5,15 +5,19 @@ import pytest
 from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams
+from samebits.engine.sequence import Sequence
 from samebits.engine.spec_decode.speculator import MAX_BACKOFF, Speculator
 from samebits.models.testing import write_tiny_checkpoint
+
+
+DECODING = [Sequence("r", [1, 2, 3], num_computed_tokens=2)]
 
 
 def tries(speculator, steps: int, verified) -> list[int]:
     """The steps (of `steps`) that draft when every try's chunks are `verified`."""
     out = []
     for step in range(steps):
-        if speculator.due():
+        if speculator.due(DECODING):
             out.append(step)
             speculator.observe(verified)
     return out
@@ -27,6 +31,9 @@ def test_failed_tries_back_off_and_a_good_one_resets():
     s.wait = 0
     assert tries(s, 5, [(4, 1), (4, 0)]) == [0, 1, 2, 3, 4]  # half a token a chunk or more: every step drafts
     assert (s.stats.num_drafts, s.stats.num_accepted_tokens) == (5 * 2 + 5 * 2, 5)
+    s.wait = 3
+    prefill = [Sequence("p", [1, 2, 3])]
+    assert not any(s.due(prefill) for _ in range(10)) and s.wait == 3  # no decoding sequence: not a step between
 
 
 @pytest.mark.parametrize("overlap", [False, True])
