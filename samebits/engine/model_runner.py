@@ -224,7 +224,7 @@ class ModelRunner:
         for graphs in (self.graphs, self.verify_graphs):
             key = graphs.graph_key(output) if graphs is not None else None
             if key is not None:
-                hidden = self._graph_forward(graphs, output.scheduled, key, fill)
+                hidden = self._graph_forward(output.scheduled, key, fill, graphs)
                 break
         if hidden is None:
             hidden = self.forward(scheduled, output.padding, fill)
@@ -272,10 +272,11 @@ class ModelRunner:
 
         return fill
 
-    @staticmethod
-    def _graph_forward(graphs, scheduled, key, fill):
+    def _graph_forward(self, scheduled, key, fill, graphs=None):
+        """`graphs` (the decode graphs by default, or the verify graphs) replayed for the step; None when its capture
+        failed."""
         try:
-            return graphs.forward(scheduled, key, fill)
+            return (graphs or self.graphs).forward(scheduled, key, fill)
         except RuntimeError as e:  # a capture failure costs speed, never bits: eager computes the same rows
             warnings.warn(f"CUDA graph capture failed ({e}); this step runs eagerly and the capture is retried "
                           "(cuda_graphs.CAPTURE_ATTEMPTS)", stacklevel=2)

@@ -28,8 +28,8 @@ class StepLog:
     def __exit__(self, *exc) -> None:
         self.engine.step, self.engine.scheduler.schedule = self.step, self.schedule
 
-    def _scheduled(self):
-        out = self.schedule()
+    def _scheduled(self, drafts=None):
+        out = self.schedule(drafts)
         self._launched.append(out)
         return out
 
