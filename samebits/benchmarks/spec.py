@@ -1,6 +1,7 @@
 """Speculative decoding (docs/SPECULATIVE.md): decode latency with and without it, deterministic mode, CUDA graphs.
 
-An 8B-shaped random target (or `--shape tiny --device cpu` for a smoke run), greedy, at batch 1, 8 and 64. Plain
+An 8B-shaped random target (or `--shape tiny --device cpu` for a smoke run), greedy, at batch 1, 8 and 64, 128-token
+prompts and 256 output tokens (a fresh back-off each run: its first tries are in every row's cost). Plain
 decoding runs first; its outputs are what every speculative run must reproduce bit for bit (checked, reported as
 `same_bits`), and what the replay drafter proposes:
 - `replay@r`: the target's own greedy continuation, each draft token replaced by another with the probability that
@@ -170,7 +171,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--rates", default="0.8,1", help="forced acceptance rates of the replay drafter")
     ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--tokens", type=int, default=128, help="output tokens a request")
+    ap.add_argument("--tokens", type=int, default=256, help="output tokens a request")
     args = ap.parse_args()
     args.rates = [float(r) for r in args.rates.split(",")]
     e2e.DEVICE = args.device

@@ -12,9 +12,9 @@ from samebits.engine.sequence import Sequence
 from samebits.engine.spec_decode.drafters import Drafter, decoding
 from samebits.engine.spec_decode.verify import SpecDecodeStats
 
-# A verify chunk of 1 + k rows costs little more than a decode row while a step's GEMMs are bound by their weights,
-# but up to about k + 1 times its compute where they are bound by it (large batches): half a token kept a chunk is
-# where drafting stops paying at the largest batches of docs/SPECULATIVE.md's benchmark.
+# A verify chunk of 1 + k rows costs little more than a decode row while a step's GEMMs are bound by reading their
+# weights (small batches), but up to k + 1 times its compute where they are bound by it (large batches), and its
+# read-back is not overlapped: a try that keeps less than half a token a chunk has cost more than it saved.
 MIN_ACCEPTED = 0.5
 # Plain steps between two tries at most: a try every 65 steps bounds what a drafter that is never right costs.
 MAX_BACKOFF = 64

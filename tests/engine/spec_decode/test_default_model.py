@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow
 TEXT = ("Rewrite this list in the same words: red apples, green pears, yellow bananas, red apples, green pears, "
         "yellow bananas, red apples, green pears,")
 PROMPTS = [TEXT, "The capital of France is"]
-PARAMS = [SamplingParams(temperature=0.0, max_tokens=10, logprobs=2),
-          SamplingParams(temperature=0.7, seed=4, max_tokens=10, logprobs=2)]
+PARAMS = [SamplingParams(temperature=0.0, max_tokens=6, logprobs=2),
+          SamplingParams(temperature=0.7, seed=4, max_tokens=6, logprobs=2)]
 
 
 @pytest.fixture(scope="module")
