@@ -201,9 +201,10 @@ class AsyncEngine:
 
     # ---- event-loop side -------------------------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt_token_ids: list[int], params, prompt: str | None = None, *,
-                       final_only: bool = False) -> AsyncIterator:
+                       final_only: bool = False, resume=None) -> AsyncIterator:
         """Yield the request's cumulative RequestOutput as it progresses; the last has `finished` set.
-        `final_only` yields just that last one (a non-streamed response): the engine builds no other.
+        `final_only` yields just that last one (a non-streamed response): the engine builds no other. `resume`: the
+        samples as another engine sent them (LLMEngine.add_request).
 
         Raises ValueError (from the engine, naming the field) before the first output, QueueFull, or EngineDead.
         Closing the iterator early aborts the request and frees its KV blocks.
@@ -213,7 +214,8 @@ class AsyncEngine:
             params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
         added = finished = False
         try:
-            await asyncio.wrap_future(self._submit("add", request_id, list(prompt_token_ids), params, prompt))
+            await asyncio.wrap_future(self._submit("add", request_id, list(prompt_token_ids), params, prompt,
+                                                   resume))
             added = True
             self.counters.prompt_tokens += len(prompt_token_ids)
             self.counters.requests_added += 1
@@ -340,8 +342,8 @@ class AsyncEngine:
         result = None
         try:
             if kind == "add":
-                request_id, ids, params, prompt = args
-                self.engine.add_request(request_id, ids, params, prompt=prompt)
+                request_id, ids, params, prompt, resume = args
+                self.engine.add_request(request_id, ids, params, prompt=prompt, resume=resume)
             elif kind == "call":
                 result = args[0](self.engine)
             else:

@@ -261,8 +261,8 @@ def _apply(engine, encoder: DeltaEncoder, kind: str, command_id: int, args: tupl
     error = result = None
     try:
         if kind == "add":
-            request_id, ids, params, prompt = args
-            engine.add_request(request_id, ids, params, prompt=prompt)
+            request_id, ids, params, prompt, resume = args
+            engine.add_request(request_id, ids, params, prompt=prompt, resume=resume)
             return "done", command_id, None, None, None, None
         if kind == "abort":
             encoder.forget(args[0])
