@@ -28,7 +28,7 @@ from samebits.engine.scheduler import QueueFull
 __all__ = ["ENGINE_COMMANDS", "AsyncEngine", "EngineDead", "QueueFull", "RequestTooLarge", "engine_command"]
 
 # What the server runs on the engine between steps, by name: a name crosses to an engine process, a closure cannot.
-ENGINE_COMMANDS = ("update_weights",)
+ENGINE_COMMANDS = ("update_weights", "restore_weights", "forget_previous_weights")
 
 
 class EngineDead(RuntimeError):
@@ -115,9 +115,9 @@ def engine_command(name: str) -> Callable:
     """The function `fn(engine, *args)` named `name` in ENGINE_COMMANDS; ValueError naming the known ones."""
     if name not in ENGINE_COMMANDS:
         raise ValueError(f"unknown engine command {name!r}; the engine runs {list(ENGINE_COMMANDS)}")
-    from samebits.engine.weights import update_weights
+    from samebits.engine import weights
 
-    return {"update_weights": update_weights}[name]
+    return getattr(weights, name)
 
 
 def waiting_cost(num_prompt_tokens: int, params) -> tuple[int, int]:
@@ -169,6 +169,10 @@ class AsyncEngine:
     def healthy(self) -> bool:
         alive = self._thread is None or self._thread.is_alive()
         return alive and self.error is None and not self._stopping
+
+    def health(self) -> dict:
+        """What /health adds to its status: nothing for one engine (a fleet lists its replicas, fleet/engine.py)."""
+        return {}
 
     @property
     def num_waiting(self) -> int:
