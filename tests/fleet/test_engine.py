@@ -148,9 +148,8 @@ def _join(into: dict, part: dict) -> dict:
     out = dict(into)
     for k, v in part.items():
         old = out.get(k)
-        if isinstance(v, str) and isinstance(old, str) and k != "finish_reason":
-            out[k] = old + v
-        elif isinstance(v, list) and isinstance(old, list):
+        text = isinstance(v, str) and isinstance(old, str) and k != "finish_reason"
+        if text or (isinstance(v, list) and isinstance(old, list)):
             out[k] = old + v
         elif isinstance(v, dict) and isinstance(old, dict):
             out[k] = _join(old, v)
