@@ -136,7 +136,7 @@ def test_spec_decode_counters_under_vllms_names_only_with_speculation():
 
     def scrape(stats):
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_EngineCollector(SimpleNamespace(stats=stats, healthy=True, counters=SimpleNamespace(
+        registry.register(_EngineCollector(SimpleNamespace(stats=stats, healthy=True, health=dict, counters=SimpleNamespace(
             prompt_tokens=0, generation_tokens=0, requests_finished=0, requests_aborted=0, requests_rejected=0)),
             MODEL_NAME))
         return {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
