@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 from dataclasses import fields
 
@@ -143,7 +144,7 @@ class FleetEngine:
         live = [c.stats for c in self.clients if c is not None and c.stats is not None]
         if not live:
             return self.engine.stats()
-        sums = {f.name: sum(getattr(s, f.name) for s in live) for f in fields(EngineStats)}
+        sums = {f.name: _total([getattr(s, f.name) for s in live]) for f in fields(EngineStats)}
         sums["kv_usage"] /= len(live)
         return EngineStats(**sums)
 
@@ -326,3 +327,11 @@ class FleetEngine:
                              "outstanding_tokens": load.outstanding_tokens, "requests": load.requests,
                              "routed": load.routed, "restarts": self.restarts[i]})
         return {"replicas": replicas, "failovers": self.failovers, "resumed": self.resumed}
+
+
+def _total(values: list):
+    """One EngineStats field over the replicas: counts summed; per-position counts (speculative decoding's) summed
+    position by position."""
+    if values and isinstance(values[0], tuple):
+        return tuple(map(sum, itertools.zip_longest(*values, fillvalue=0)))
+    return sum(values)

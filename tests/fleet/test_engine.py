@@ -249,3 +249,10 @@ def test_a_weight_update_under_load_mixes_no_versions(fleet, ckpts):
     assert all(same(r, a) for r, a in zip(results, again) if fingerprints(r) == {new})
     assert update(ckpts[0])["fingerprint"] == old  # the first weights again: the first fingerprint
     assert {r["state"] for r in engine.health()["replicas"]} == {"up"}
+
+
+def test_replica_stats_add_up_per_position_counts():
+    """EngineStats over replicas: counts summed, speculative decoding's per-position counts position by position."""
+    from samebits.fleet.engine import _total
+
+    assert _total([(1, 2, 0), (3, 4, 1)]) == (4, 6, 1) and _total([(), ()]) == () and _total([2, 3]) == 5
