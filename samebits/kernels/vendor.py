@@ -56,3 +56,20 @@ def det_sum_rows(x):
 
 def attention(q, k_cache, v_cache, meta, scale):
     return run_checked(paged_attention_sdpa, "fast", q, k_cache, v_cache, meta, scale)
+
+
+def moe_topk(scores, k):
+    return torch.topk(scores, k, dim=-1).indices
+
+
+def moe_experts(x, w13, w2, ids, weights):
+    """transformers' loop: each expert's tokens through F.linear, weighted, summed into the output by index_add_ in
+    expert order (float atomics on CUDA; a GEMM of as many rows as the expert got)."""
+    out = torch.zeros_like(x)
+    inter = w2.shape[2]
+    for e in ids.unique().tolist():
+        tokens, ranks = torch.where(ids == e)
+        h = F.linear(x[tokens], w13[e])
+        y = F.linear(F.silu(h[:, :inter]) * h[:, inter:], w2[e]) * weights[tokens, ranks, None]
+        out.index_add_(0, tokens, y.to(x.dtype))
+    return out

@@ -46,7 +46,7 @@ def _empty(shape, dtype, device) -> nn.Parameter:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device, dense_mlp: bool = True):
         super().__init__()
         h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
         qkv = cfg.q_size + 2 * cfg.kv_size
@@ -58,8 +58,9 @@ class DecoderLayer(nn.Module):
         self.register_parameter("q_norm", _empty((d,), dtype, device) if cfg.qk_norm else None)
         self.register_parameter("k_norm", _empty((d,), dtype, device) if cfg.qk_norm else None)
         self.post_norm = _empty((h,), dtype, device)
-        self.gate_up_proj = _empty((2 * i, h), dtype, device)
-        self.down_proj = _empty((h, i), dtype, device)
+        if dense_mlp:  # else the layer's MLP is a mixture of experts (models/moe.py)
+            self.gate_up_proj = _empty((2 * i, h), dtype, device)
+            self.down_proj = _empty((h, i), dtype, device)
 
 
 class LlamaModel(nn.Module):
@@ -69,11 +70,14 @@ class LlamaModel(nn.Module):
         self.ops = ops
         device = ops.device
         self.embed_tokens = _empty((config.vocab_size, config.hidden_size), dtype, device)
-        self.layers = nn.ModuleList(DecoderLayer(config, dtype, device) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(self._make_layer(i, dtype, device) for i in range(config.num_layers))
         self.norm = _empty((config.hidden_size,), dtype, device)
         tied = config.tie_word_embeddings
         self.register_parameter("lm_head", None if tied else _empty((config.vocab_size, config.hidden_size), dtype, device))
         self.register_buffer("cos_sin", _rope_table(config, device), persistent=False)
+
+    def _make_layer(self, index: int, dtype: torch.dtype, device) -> DecoderLayer:
+        return DecoderLayer(self.config, dtype, device)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -5,7 +5,7 @@ import copy
 import functools
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,7 +40,7 @@ class LoadedModel:
     def numerics(self) -> dict:
         """The model's fields of the fingerprint: its weights, their dtype, and the config the weights compute under
         (the same weights with another rope_theta or eps give other bits)."""
-        config = json.dumps(asdict(self.config), sort_keys=True).encode()
+        config = json.dumps(self.config.hashed_fields(), sort_keys=True).encode()
         return {"weights": self.weights, "dtype": str(self.model.dtype).removeprefix("torch."),
                 "model_config": hashlib.sha256(config).hexdigest()[:16]}
 

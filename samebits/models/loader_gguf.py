@@ -20,6 +20,7 @@ from tokenizers import Tokenizer as _Backend
 from samebits.models.config import ModelConfig, UnsupportedModelError, check_gguf_architecture
 from samebits.models.gguf_file import GGUFTensor, read_gguf
 from samebits.models.llama import LlamaModel
+from samebits.models.registry import build_model
 from samebits.models.tokenizer import Tokenizer
 from samebits.progress import untracked
 
@@ -64,7 +65,7 @@ def load_gguf(path: Path, ops, dtype: torch.dtype, track=untracked) -> tuple[Lla
     meta, tensors = read_gguf(path)
     config = gguf_config(tensors, meta)
     tokenizer = gguf_tokenizer(meta)
-    model = LlamaModel(config, ops, dtype)
+    model = build_model(config, ops, dtype)
     model.load_weights(track(iter_tensors(tensors, config), total=len(tensors)))
     return model, tokenizer, config
 

@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from samebits.models.config import ModelConfig, _as_ids
 from samebits.models.llama import LlamaModel
+from samebits.models.registry import build_model
 from samebits.models.tokenizer import Tokenizer
 from samebits.progress import untracked
 
@@ -70,6 +71,6 @@ def load_hf_dir(path: Path, ops, dtype: torch.dtype, track=untracked) -> tuple[L
     files = safetensors_files(path)
     # Read the tokenizer before the weights so a missing file fails fast.
     tokenizer = Tokenizer.from_hf_dir(path, extra_eos_ids=config.eos_token_ids + generation_eos_ids(path))
-    model = LlamaModel(config, ops, dtype)
+    model = build_model(config, ops, dtype)
     model.load_weights(track(iter_tensors(files), total=tensor_count(files)))
     return model, tokenizer, config

@@ -18,6 +18,7 @@ from samebits.kernels.common import to_device
 from samebits.kernels.kv_cache import allocate_kv_cache
 from samebits.models.config import ModelConfig
 from samebits.models.llama import LlamaModel
+from samebits.models.registry import build_model
 from samebits.rl.sampling import per_row_params, token_logprobs
 from samebits.rl.train_ops import TrainOps
 
@@ -54,17 +55,18 @@ class Policy(nn.Module):
 
     @classmethod
     def from_hf(cls, hf_model: nn.Module, device=None, dtype=None, mode: str = "deterministic") -> Policy:
-        """From a transformers LlamaForCausalLM (or Mistral/Qwen2/Qwen3) module's config and weights."""
+        """From a transformers LlamaForCausalLM (or Mistral, Qwen2, Qwen3 and the MoE families) module's config and
+        weights."""
         config = ModelConfig.from_hf(hf_model.config.to_dict())
         first = next(hf_model.parameters())
-        model = LlamaModel(config, get_ops(mode, device or first.device), dtype or first.dtype)
+        model = build_model(config, get_ops(mode, device or first.device), dtype or first.dtype)
         model.load_weights(hf_model.state_dict().items())
         return cls(model, mode)
 
     @classmethod
     def from_model(cls, source: LlamaModel, device=None, mode: str = "deterministic") -> Policy:
         """A trainable copy of a samebits model's weights (e.g. an engine's: `llm.engine.loaded.model`)."""
-        model = LlamaModel(source.config, get_ops(mode, device or source.device), source.dtype)
+        model = build_model(source.config, get_ops(mode, device or source.device), source.dtype)
         with torch.no_grad():
             for mine, theirs in zip(model.parameters(), source.parameters(), strict=True):
                 mine.copy_(theirs)
