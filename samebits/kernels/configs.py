@@ -195,6 +195,36 @@ TILE_CONFIGS["tensor_parallel"] = {
     "tp_max-way split, so every GEMM has the same shape at every t. 8: the largest TP of one H200 host (issue 17).",
 }
 
+TILE_CONFIGS["moe"] = {
+    # tiles: [max_T, BM, BN, BK, num_warps, num_stages], the first row whose max_T >= the step's tokens T.
+    "config": {
+        "tiles": [
+            [32, 16, 64, 128, 4, 4],
+            [256, 16, 128, 128, 4, 3],
+            [1024, 64, 128, 64, 4, 4],
+            [1 << 62, 128, 128, 64, 8, 3],
+        ],
+        "combine_block": 1024, "combine_warps": 4,
+        "routing": "router logits by the invariant linear; float32 softmax over the experts (one row per program); "
+                   "top k by (score, then the lower expert index); the k weights renormalised (norm_topk_prob) by a "
+                   "sum taken left to right in rank order",
+        "combine": "by top-k rank: acc = w0 * y0, then acc = acc + wj * yj, float32, no FMA, rounded once",
+        "expert_k_order": "in sequence, one tl.dot per BK step (CUDA); the proven CPU GEMM per expert (CPU)",
+    },
+    "why": "A token's expert output must not depend on how many other tokens chose that expert: pairs (token, rank) "
+    "are sorted by expert into BM-row blocks and every row is reduced over K in sequence into one float32 "
+    "accumulator (no split-K, no atomics), which on the H200 gives a row the same bits in every tile shape "
+    "(`matmul`), so the tile may follow the step's token count; tests/kernels/triton/test_moe_gpu.py holds the "
+    "fused kernels to the dense kernel's bits per expert at every row of this table and whatever the experts' "
+    "loads. Ties in the top k go to the lower expert index (kernels/moe.py keys each score with its index), a "
+    "function of the row alone. The combine folds the k outputs by top-k rank rather than expert id: the rank "
+    "order is the router's own output order, so no per-row sort is needed, and the largest weight comes first; "
+    "each step is one IEEE operation on the row's values, so CPU and GPU, vector width and thread count agree on "
+    "it. Tiles: decode steps give an expert a few rows (16-row blocks, wide K steps to stream its weights), prefill "
+    "hundreds (64- and 128-row blocks), following vLLM's H100 fused-MoE configs for Qwen3-30B-A3B's expert shapes; "
+    "not yet tuned on the H200.",
+}
+
 # Compiler options passed to every Triton launch.
 LAUNCH = dict(TILE_CONFIGS["triton"]["config"])
 

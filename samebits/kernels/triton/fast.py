@@ -2,11 +2,18 @@
 blocking follows the shapes (not batch-invariant), and the Triton kernels where an op has no reduction across rows to
 reorder: the attention block (at least as fast as per-sequence SDPA where it has a tile; SDPA serves the other head
 dims), the fused norms and silu_and_mul: one launch each where torch's forms take two or three (docs/BENCHMARKS.md
-section 8 has what that cost at batch 256)."""
+section 8 has what that cost at batch 256). Experts: torch's grouped GEMM (CUTLASS, bf16 on Hopper) with torch.topk's
+routing, else the fused Triton kernels."""
 from __future__ import annotations
 
+import functools
+
+import torch
+
+from samebits.kernels import vendor
 from samebits.kernels.attention import paged_attention_sdpa, run_checked
 from samebits.kernels.triton import attention as tri_attention
+from samebits.kernels.triton import moe as tri_moe
 from samebits.kernels.triton.backend import (  # noqa: F401 - ops of this backend
     add_rms_norm,
     gumbel_race,
@@ -24,6 +31,7 @@ from samebits.kernels.vendor import (  # noqa: F401
     linear_partials,
     log_softmax,
     matmul,
+    moe_topk,
     softmax,
 )
 
@@ -36,3 +44,15 @@ def _attend(q, k_cache, v_cache, meta, scale):
 
 def attention(q, k_cache, v_cache, meta, scale):
     return run_checked(_attend, "fast", q, k_cache, v_cache, meta, scale)
+
+
+@functools.cache
+def _grouped_mm(device_index: int) -> bool:
+    return hasattr(torch, "_grouped_mm") and torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def moe_experts(x, w13, w2, ids, weights):
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if x.dtype == torch.bfloat16 and ids.numel() and _grouped_mm(index):
+        return vendor.grouped_experts(x, w13, w2, ids, weights)
+    return tri_moe.fused_experts(x, w13, w2, ids, weights)
