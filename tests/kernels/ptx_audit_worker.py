@@ -95,6 +95,38 @@ def _row_specs():
     return specs
 
 
+def _moe_specs():
+    """The fused MoE kernels at every row of the moe table in bf16 (the serving dtype) and at the first row in the
+    other dtypes, as triton/moe.py launches them at real shapes (sizes and row strides multiples of 16)."""
+    from samebits.kernels.triton.moe import _stages
+
+    gate_up, down, comb = (_jit("moe", n) for n in ("_moe_gate_up_kernel", "_moe_down_kernel", "_moe_combine_kernel"))
+    cfg = TILE_CONFIGS["moe"]["config"]
+    specs = []
+    rows = [(tile, "bf16") for tile in cfg["tiles"]] + [(cfg["tiles"][0], dt) for dt in DTYPES if dt != "bf16"]
+    for (_, bm, bn, bk, warps, stages), dt in rows:
+        size, common = 4 if dt == "fp32" else 2, {"UPCAST": False, "PRECISION": "ieee" if dt == "fp32" else "tf32",
+                                                  "BM": bm, "BN": bn, "BK": bk, "EVEN_K": False}
+        types = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "h_ptr": f"*{dt}", "pairs_ptr": "*i32",
+                 "block_expert_ptr": "*i32", **{a: "i32" for a in ("P", "K", "INTER", "stride_xm", "stride_we",
+                                                                  "stride_wn", "stride_hm")}}
+        specs.append((f"moe gate_up {bm}x{bn}x{bk} {dt}", _spec(
+            gate_up, types, {**common, "TOPK": 8, "LIBDEVICE": True}, [a for a in types if a != "P"],
+            {"num_warps": warps, "num_stages": _stages(bm, bn, bk, stages, size, 2)})))
+        types = {"h_ptr": f"*{dt}", "w_ptr": f"*{dt}", "y_ptr": f"*{dt}", "pairs_ptr": "*i32",
+                 "block_expert_ptr": "*i32", **{a: "i32" for a in ("P", "K", "N", "stride_hm", "stride_we",
+                                                                  "stride_wn", "stride_ym")}}
+        specs.append((f"moe down {bm}x{bn}x{bk} {dt}", _spec(
+            down, types, common, [a for a in types if a != "P"],
+            {"num_warps": warps, "num_stages": _stages(bm, bn, bk, stages, size, 1)})))
+    for dt in DTYPES:
+        types = {"y_ptr": f"*{dt}", "w_ptr": "*fp32", "out_ptr": f"*{dt}", "N": "i32", "stride_ym": "i32",
+                 "stride_om": "i32"}
+        specs.append((f"moe combine {dt}", _spec(comb, types, {"TOPK": 8, "BLOCK": cfg["combine_block"]},
+                                                 ["y_ptr", "out_ptr"], {"num_warps": cfg["combine_warps"]})))
+    return specs
+
+
 def _paged_attention_specs(dtype, d, query_tile, block_n, split):
     fn = _jit("attention", "_paged_attention_kernel")
     specs = []
@@ -232,7 +264,7 @@ def _report(ptx):
 
 
 def main():
-    specs = _matmul_specs() + _row_specs() + _attention_specs() + _gluon_specs()
+    specs = _matmul_specs() + _row_specs() + _moe_specs() + _attention_specs() + _gluon_specs()
     specs.append(("control: tl.atomic_add fp32", _spec(_atomic_control, {"x_ptr": "*fp32", "out_ptr": "*fp32"}, {},
                                                         [], {"num_warps": 1})))
     fn, sig, const, attrs, options = dict(specs)["attention paged_attention_bf16_d128_partial_page16"]

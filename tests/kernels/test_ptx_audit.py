@@ -34,6 +34,12 @@ def test_attention_kernels_are_audited(audit):
             "write_kv_bf16", "rope_bf16"} <= names
 
 
+def test_moe_kernels_are_audited(audit):
+    tiles = len(TILE_CONFIGS["moe"]["config"]["tiles"])
+    assert sum(k.startswith(("moe gate_up", "moe down")) and k.endswith("bf16") for k in audit) == 2 * tiles
+    assert all(audit[f"moe combine {dt}"] for dt in ("bf16", "fp16", "fp32"))
+
+
 def test_audit_sees_a_float_atomic(audit):
     assert audit["control: tl.atomic_add fp32"]["float_atomics"], "the audit regex misses tl.atomic_add on fp32"
 
