@@ -1,0 +1,84 @@
+"""Mixture-of-experts models: checkpoints transformers writes (Qwen3-MoE sharded, Mixtral, Qwen2-MoE with its shared
+expert and a dense layer) match transformers' forward within the dense models' bound in both modes, greedy tokens
+equal; MoE features we do not implement are refused by the key that asks for them."""
+import pytest
+import torch
+
+from samebits.distributed import shard as sh
+from samebits.kernels import get_ops
+from samebits.models.config import ModelConfig, UnsupportedModelError
+from samebits.models.loader_hf import load_hf_dir
+from samebits.models.testing import tiny_hf_config
+from tests.models.helpers import greedy, prefill_logits
+from tests.models.test_tiny_vs_transformers import PROMPTS, _assert_close, _reference_logits, _transformers_checkpoint
+
+transformers = pytest.importorskip("transformers")
+CASES = {"qwen3_moe-sharded": ("qwen3_moe", True), "mixtral": ("mixtral", False), "qwen2_moe": ("qwen2_moe", False)}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_transformers_checkpoint_matches_in_both_modes(tmp_path, case):
+    variant, sharded = CASES[case]
+    ref_model = _transformers_checkpoint(tmp_path, variant, {}, sharded)
+    for mode in ("deterministic", "fast"):
+        model, tok, cfg = load_hf_dir(tmp_path, get_ops(mode, "cpu"), torch.float32)
+        assert cfg.moe is not None and cfg.moe.num_experts == 4
+        prompts = [tok.encode(p) for p in PROMPTS[:4]]
+        _assert_close(prefill_logits(model, prompts), _reference_logits(ref_model, prompts))
+    prompt = prompts[0]
+    with torch.no_grad():
+        hf = ref_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None)
+    assert greedy(model, prompt, 8, set()) == hf[0, len(prompt):].tolist()
+
+
+def test_transformers_module_weights_load_too():
+    """A transformers 5 module's state_dict holds each layer's experts fused ([E, 2I, H] and [E, H, I])."""
+    from samebits.models.registry import build_model
+
+    hf = tiny_hf_config("qwen3_moe")
+    ref = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**hf), dtype=torch.float32)
+    model = build_model(ModelConfig.from_hf(hf), get_ops("fast", "cpu"))
+    model.load_weights(ref.state_dict().items())
+    gate_up = ref.state_dict()["model.layers.1.mlp.experts.gate_up_proj"]
+    assert torch.equal(model.layers[1].experts_gate_up, gate_up)
+
+
+def test_config_reads_each_family():
+    q3 = ModelConfig.from_hf(tiny_hf_config("qwen3_moe", num_experts=128, num_experts_per_tok=8))
+    assert (q3.moe.num_experts, q3.moe.top_k, q3.moe.norm_topk_prob, q3.qk_norm) == (128, 8, True, True)
+    mixtral = ModelConfig.from_hf(tiny_hf_config("mixtral"))
+    assert (mixtral.moe.intermediate_size, mixtral.moe.norm_topk_prob, mixtral.qkv_bias) == (96, True, False)
+    q2 = ModelConfig.from_hf(tiny_hf_config("qwen2_moe"))
+    assert (q2.moe.shared_expert_intermediate_size, q2.moe.dense_layers, q2.qkv_bias) == (96, (1,), True)
+    step = ModelConfig.from_hf(tiny_hf_config("qwen2_moe", num_hidden_layers=4, mlp_only_layers=[],
+                                              decoder_sparse_step=2))
+    assert step.moe.dense_layers == (0, 2)  # HF: sparse where (i + 1) % decoder_sparse_step == 0
+
+
+@pytest.mark.parametrize("change,named", [
+    ({"scoring_func": "sigmoid"}, "scoring_func"),
+    ({"topk_method": "noaux_tc"}, "topk_method"),
+    ({"n_group": 8}, "n_group"),
+    ({"routed_scaling_factor": 2.5}, "routed_scaling_factor"),
+    ({"ep_size": 4}, "ep_size"),
+    ({"n_shared_experts": 1}, "n_shared_experts"),
+])
+def test_unsupported_moe_features_are_named(change, named):
+    with pytest.raises(UnsupportedModelError, match=named):
+        ModelConfig.from_hf({**tiny_hf_config("qwen3_moe"), **change})
+
+
+def test_invalid_moe_shapes_are_named():
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        ModelConfig.from_hf(tiny_hf_config("qwen3_moe", num_experts_per_tok=5))
+    with pytest.raises(UnsupportedModelError, match="expert_gating_func"):
+        ModelConfig.from_gguf({"general.architecture": "qwen3moe", "qwen3moe.attention.head_count": 4,
+                               "qwen3moe.embedding_length": 64, "qwen3moe.expert_count": 4,
+                               "qwen3moe.expert_used_count": 2, "qwen3moe.expert_gating_func": 2}, 320, True)
+
+
+@pytest.mark.parametrize("invariant,world", [(False, 2), (True, 1)])
+def test_tensor_and_expert_parallel_moe_is_refused_by_name(invariant, world):
+    cfg = ModelConfig.from_hf(tiny_hf_config("mixtral"))
+    with pytest.raises(ValueError, match="tensor_parallel_size=2" if world == 2 else "all_reduce='invariant'"):
+        sh.check_divisible(cfg, sh.Shard(0, world, invariant))
