@@ -1,8 +1,8 @@
 """A GGUF file: config from metadata, tensors dequantized to the model dtype, tokenizer and chat template from metadata.
 
 Weights are renamed to HF names so one loader path (`LlamaModel.load_weights`) checks them all. llama.cpp's converter
-permutes the Q/K rows of `llama`-architecture models (its RoPE pairs adjacent dims, HF's pairs the two halves);
-that permutation is undone here. Qwen2/Qwen3 files are written unpermuted.
+permutes the Q/K rows of `llama`-architecture models, Mixtral's included (its RoPE pairs adjacent dims, HF's pairs the
+two halves); that permutation is undone here. Qwen2/Qwen3 files (MoE too) are written unpermuted.
 """
 from __future__ import annotations
 
@@ -42,8 +42,17 @@ _LAYER_NAMES = {
     "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    # Mixtures of experts: one tensor per layer holds every expert ([E, rows, cols]); models/moe.py splits it and
+    # spells the router and experts as the family does.
+    "ffn_gate_inp.weight": "mlp.gate.weight", "ffn_gate_exps.weight": "mlp.experts.gate_proj.weight",
+    "ffn_up_exps.weight": "mlp.experts.up_proj.weight", "ffn_down_exps.weight": "mlp.experts.down_proj.weight",
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
 }
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
+_PERMUTED = ("llama", "mixtral")  # written by llama.cpp's converter as arch "llama"
 CONTROL, USER_DEFINED = 3, 4
 
 # Pre-tokenizer splits by `tokenizer.ggml.pre`, as transformers' GGUF conversion maps them. The gpt2 default (the
@@ -86,7 +95,7 @@ def iter_tensors(tensors: list[GGUFTensor], config: ModelConfig) -> Iterator[tup
     for tensor in tensors:
         name = hf_name(tensor.name)
         values = dequantize_tensor(tensor)
-        if config.architecture == "llama":
+        if config.architecture in _PERMUTED:
             values = unpermute_qk(name, values, config)
         yield name, values
 

@@ -98,7 +98,13 @@ def moe_from_gguf(meta: Mapping[str, Any], arch: str) -> MoeConfig | None:
     if gating != 1:
         raise UnsupportedMoeError(f"unsupported GGUF MoE feature {arch}.expert_gating_func={gating} (1 = softmax is "
                                   "implemented)")
+    for key, neutral in (("expert_weights_scale", (1, 1.0)), ("expert_group_count", (0, 1)),
+                         ("expert_shared_count", (0, 1))):
+        value = meta.get(f"{arch}.{key}", neutral[0])
+        if value not in neutral:
+            raise UnsupportedMoeError(f"unsupported GGUF MoE feature {arch}.{key}={value!r}")
     inter = meta.get(f"{arch}.expert_feed_forward_length") or meta[f"{arch}.feed_forward_length"]
     shared = meta.get(f"{arch}.expert_shared_feed_forward_length", 0) if arch == "qwen2moe" else 0
-    return MoeConfig(experts, meta[f"{arch}.expert_used_count"], inter, arch != "qwen2moe",
+    return MoeConfig(experts, meta[f"{arch}.expert_used_count"], inter,
+                     bool(meta.get(f"{arch}.expert_weights_norm", arch != "qwen2moe")),
                      shared_expert_intermediate_size=shared)

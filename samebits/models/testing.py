@@ -186,7 +186,11 @@ def write_tokenizer_files(path: Path, hf: dict) -> None:
     _write_json(path / "generation_config.json", {"bos_token_id": hf["bos_token_id"], "eos_token_id": hf["eos_token_id"]})
 
 
-_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
+              "qwen2_moe": "qwen2moe", "mixtral": "llama"}
+_EXPERT_NAME = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
+_EXPERT_PARTS = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj", "gate_proj": "gate_proj",
+                 "up_proj": "up_proj", "down_proj": "down_proj"}
 
 
 def write_tiny_gguf(path, variant: str = "smollm2", seed: int = 0, qtype: str | Callable[[str], str] = "Q8_0",
@@ -207,12 +211,30 @@ def write_tiny_gguf(path, variant: str = "smollm2", seed: int = 0, qtype: str | 
     _gguf_tokenizer(writer, config.vocab_size)
     type_of = qtype if callable(qtype) else lambda _: qtype
     gen = np.random.default_rng(seed)
-    for name, tensor in sorted(random_weights(config, seed).items()):
+    for name, tensor in sorted(_stacked_experts(random_weights(config, seed)).items()):
         _gguf_tensor(writer, name, tensor, config, gguf.GGMLQuantizationType[type_of(name)], gen)
     for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
         write()
     writer.close()
     return path
+
+
+def _stacked_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """As llama.cpp's converter writes a mixture of experts: each layer's experts stacked per projection, the router
+    and projections under the names loader_gguf.py reads them by (models/moe.py spells them back), the shared
+    expert's gate as one row."""
+    out, experts = {}, {}
+    for name, tensor in tensors.items():
+        match = _EXPERT_NAME.fullmatch(name)
+        if match:
+            experts.setdefault((match.group(1), _EXPERT_PARTS[match.group(3)]), {})[int(match.group(2))] = tensor
+        elif name.endswith("shared_expert_gate.weight"):
+            out[name] = tensor.reshape(-1)
+        else:
+            out[name.replace("block_sparse_moe.gate.weight", "mlp.gate.weight")] = tensor
+    for (layer, part), per in experts.items():
+        out[f"model.layers.{layer}.mlp.experts.{part}.weight"] = torch.stack([per[e] for e in sorted(per)])
+    return out
 
 
 def _gguf_metadata(writer, cfg: ModelConfig) -> None:
@@ -227,6 +249,12 @@ def _gguf_metadata(writer, cfg: ModelConfig) -> None:
     writer.add_rope_dimension_count(cfg.head_dim)
     writer.add_rope_freq_base(cfg.rope_theta)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if cfg.moe is not None:
+        writer.add_expert_count(cfg.moe.num_experts)
+        writer.add_expert_used_count(cfg.moe.top_k)
+        writer.add_expert_feed_forward_length(cfg.moe.intermediate_size)
+        if cfg.moe.shared_expert_intermediate_size:
+            writer.add_expert_shared_feed_forward_length(cfg.moe.shared_expert_intermediate_size)
 
 
 def _gguf_tokenizer(writer, vocab_size: int) -> None:
@@ -290,7 +318,7 @@ def random_k_blocks(shape: tuple[int, int], qtype, gen: np.random.Generator) -> 
 
 
 def _llama_cpp_permute(name: str, w: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    if cfg.architecture not in ("llama", "mistral") or not name.endswith(("q_proj.weight", "k_proj.weight")):
+    if cfg.architecture not in ("llama", "mistral", "mixtral") or not name.endswith(("q_proj.weight", "k_proj.weight")):
         return w
     heads = cfg.num_heads if "q_proj" in name else cfg.num_kv_heads
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)

@@ -82,3 +82,33 @@ def test_tensor_and_expert_parallel_moe_is_refused_by_name(invariant, world):
     cfg = ModelConfig.from_hf(tiny_hf_config("mixtral"))
     with pytest.raises(ValueError, match="tensor_parallel_size=2" if world == 2 else "all_reduce='invariant'"):
         sh.check_divisible(cfg, sh.Shard(0, world, invariant))
+
+
+@pytest.mark.parametrize("variant", ["mixtral", "qwen2_moe"])
+def test_gguf_experts_load_as_the_folder_does(tmp_path, variant):
+    """F32 GGUF (stacked ffn_*_exps, Mixtral's Q/K permuted as llama.cpp writes it) vs the HF folder of the same
+    weights: the same config and the same logits, bit for bit."""
+    from samebits.models.loader_gguf import load_gguf
+    from samebits.models.testing import write_tiny_checkpoint, write_tiny_gguf
+
+    kw = {"mlp_only_layers": []} if variant == "qwen2_moe" else {}  # llama.cpp's qwen2moe has no dense layers
+    ops = get_ops("deterministic", "cpu")
+    from_gguf, tok, gguf_cfg = load_gguf(write_tiny_gguf(tmp_path / "m.gguf", variant, 1, "F32", **kw), ops,
+                                         torch.float32)
+    from_dir, _, dir_cfg = load_hf_dir(write_tiny_checkpoint(tmp_path / "hf", variant, 1, **kw), ops, torch.float32)
+    assert gguf_cfg.moe == dir_cfg.moe and gguf_cfg.architecture == variant
+    prompts = [tok.encode(p) for p in PROMPTS[:3]]
+    for a, b in zip(prefill_logits(from_gguf, prompts), prefill_logits(from_dir, prompts)):
+        assert torch.equal(a, b)
+
+
+def test_qwen3moe_gguf_matches_transformers_gguf(tmp_path):
+    # transformers' GGUF mapping reads neither expert_feed_forward_length nor a head_dim but its defaults' (768, 128).
+    from samebits.models.loader_gguf import load_gguf
+    from samebits.models.testing import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "q.gguf", "qwen3_moe", 1, "Q8_0", head_dim=128, moe_intermediate_size=768)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).eval()
+    model, tok, _ = load_gguf(path, get_ops("deterministic", "cpu"), torch.float32)
+    prompts = [tok.encode(p) for p in PROMPTS[:3]]
+    _assert_close(prefill_logits(model, prompts), _reference_logits(ref, prompts))
