@@ -6,8 +6,6 @@ section 8 has what that cost at batch 256). Experts: torch's grouped GEMM (CUTLA
 routing, else the fused Triton kernels."""
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from samebits.kernels import vendor
@@ -46,9 +44,29 @@ def attention(q, k_cache, v_cache, meta, scale):
     return run_checked(_attend, "fast", q, k_cache, v_cache, meta, scale)
 
 
-@functools.cache
-def _grouped_mm(device_index: int) -> bool:
-    return hasattr(torch, "_grouped_mm") and torch.cuda.get_device_capability(device_index) >= (9, 0)
+_GROUPED_MM: dict[int, bool] = {}  # device index -> torch's grouped GEMM ran here
+
+
+def _grouped_mm(index: int) -> bool:
+    """Hopper, and a small grouped GEMM ran (tried eagerly, at the first call outside a capture): else the Triton
+    kernels serve fast mode too."""
+    if index not in _GROUPED_MM:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        _GROUPED_MM[index] = hasattr(torch, "_grouped_mm") and \
+            torch.cuda.get_device_capability(index) >= (9, 0) and _grouped_mm_runs(torch.device("cuda", index))
+    return _GROUPED_MM[index]
+
+
+def _grouped_mm_runs(device) -> bool:
+    w13 = torch.ones(3, 64, 64, dtype=torch.bfloat16, device=device)
+    ids = torch.tensor([[0, 2], [2, 1], [0, 2]], device=device)  # expert 1 alone, expert 0 twice: uneven groups
+    try:
+        vendor.grouped_experts(w13[0, :3], w13, w13[:, :, :32], ids, torch.ones(3, 2, device=device))
+        torch.cuda.synchronize(device)
+    except RuntimeError:
+        return False
+    return True
 
 
 def moe_experts(x, w13, w2, ids, weights):
