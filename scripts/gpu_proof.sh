@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU proof in one call (device machine: image python, samebits and carried wheels by scripts/device_env.sh).
-# Usage: bash scripts/gpu_proof.sh [tests|tests-kernels|tests-others|tests-ids|probe|kernels|attention|pages|repro-2g|variants|variants-prefill|gemm-decode|mma-roles|e2e|server|server-process|steps|steps-tile|steps-norm|steps-gluon|gluon-decode|mixed|rl|tp1 ...];
+# Usage: bash scripts/gpu_proof.sh [tests|tests-kernels|tests-others|tests-ids|probe|kernels|attention|pages|repro-2g|variants|variants-prefill|gemm-decode|mma-roles|e2e|server|server-process|steps|steps-tile|steps-norm|steps-gluon|gluon-decode|mixed|rl|tp1|moe-tests|e2e-qwen3moe|e2e-mixtral ...];
 # results under $OUT. With no step named it runs tests probe kernels attention e2e (~25 min): name the steps.
 # tests-kernels and tests-others are the two halves of tests, each under one call's 10 minutes with a cold Triton cache.
 # tests-ids runs the GPU tests named in scripts/_gpu_test_ids.txt (untracked, it travels: a run's tail after a time limit).
@@ -62,6 +62,12 @@ for step in $steps; do
     mma-roles) python3 scripts/mma_roles_probe.py "$OUT" ;;
     e2e) python3 -m samebits.benchmarks.e2e --out "$OUT" --warm ${E2E_ARGS:-} ;;
     e2e-quick) python3 -m samebits.benchmarks.e2e --out "$OUT" --quick --requests 64 --skip-hf ;;
+    moe-tests) python3 -m pytest -q -p no:cacheprovider -p no:randomly --durations=20 tests/kernels/triton/test_moe_gpu.py \
+      tests/kernels/triton/test_moe.py tests/engine/test_moe.py 2>&1 | tee "$OUT/gpu_tests_moe.log" | tail -40 ;;
+    e2e-qwen3moe) python3 -m samebits.benchmarks.e2e --out "$OUT/qwen3moe" --shape qwen3-30b-a3b --quick --requests 64 \
+      --modes fast/dynamic,deterministic/dynamic ${E2E_ARGS:-} ;;
+    e2e-mixtral) python3 -m samebits.benchmarks.e2e --out "$OUT/mixtral" --shape mixtral-8x7b --quick --requests 64 \
+      --modes fast/dynamic,deterministic/dynamic ${E2E_ARGS:-} ;;
     server) python3 -m samebits.benchmarks.server --random-shape 8b --solo-budget-s 60 --out "$OUT" ;;
     server-process) python3 -m samebits.benchmarks.server --random-shape 8b --solo-budget-s 30 --engine-process --skip-offline \
       --out "$OUT/process" ;;

@@ -1,6 +1,7 @@
-"""The engine on a mixture of experts (Qwen3-MoE, 8 experts, top 2) on the CPU: a request's tokens and logprob bits
-never depend on the load, however many of its neighbours share its experts, and the engine's other paths (chunked
-prefill, prefix cache, preemption, prompt logprobs, scoring) give the same bits as on dense models."""
+"""The engine on a mixture of experts (Qwen3-MoE; on the CPU 8 experts, top 2; on the GPU 64 experts, top 8, bf16,
+with CUDA graphs and async scheduling): a request's tokens and logprob bits never depend on the load, however many of
+its neighbours share its experts, and the engine's other paths (chunked prefill, prefix cache, preemption, prompt
+logprobs, scoring, seeds) give the same bits as on dense models."""
 import random
 
 import pytest
@@ -12,22 +13,32 @@ from samebits.kernels import activation, get_ops, moe
 from samebits.models.testing import write_tiny_checkpoint
 
 VOCAB = 320
-SHAPE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+SHAPES = {
+    "cpu": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64},
+    "cuda": {"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 256, "hidden_size": 1024,
+             "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128, "num_hidden_layers": 4,
+             "torch_dtype": "bfloat16"},
+}
 PARAMS = SamplingParams(temperature=0.7, seed=11, max_tokens=4, logprobs=0, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return str(write_tiny_checkpoint(tmp_path_factory.mktemp("moe"), "qwen3_moe", seed=3, **SHAPE))
-
-
-def make(ckpt, **kw):
-    return LLM(model=ckpt, device="cpu", **{"kv_cache_tokens": 8192, "max_num_batched_tokens": 256, **kw})
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def llm(ckpt):
-    return make(ckpt)
+def ckpt(tmp_path_factory, device):
+    return str(write_tiny_checkpoint(tmp_path_factory.mktemp("moe"), "qwen3_moe", seed=3, **SHAPES[device]))
+
+
+def make(ckpt, device, **kw):
+    return LLM(model=ckpt, device=device, **{"kv_cache_tokens": 8192, "max_num_batched_tokens": 256, **kw})
+
+
+@pytest.fixture(scope="module")
+def llm(ckpt, device):
+    return make(ckpt, device)
 
 
 def prompts(n: int, seed: int, lo: int = 3, hi: int = 40) -> list[list[int]]:
@@ -63,9 +74,17 @@ def test_needle_alone_vs_in_batches_of_1_to_64(llm):
     assert needle_mismatches(llm) == 0
 
 
-def test_negative_control_split_k_that_follows_the_experts_load_is_caught(llm, monkeypatch):
+def test_negative_control_fast_mode_is_caught_on_the_gpu(ckpt, device):
+    if device == "cpu":
+        pytest.skip("the CPU's control is the load-following split-K below")
+    assert needle_mismatches(make(ckpt, device, mode="fast")) > 0
+
+
+def test_negative_control_split_k_that_follows_the_experts_load_is_caught(llm, device, monkeypatch):
     """Each expert's GEMMs split in two along K, the float32 halves added, whenever the expert got more than one row
     (a grouped GEMM that splits K by the per-expert M): the comparison above catches it."""
+    if device == "cuda":
+        pytest.skip("the per-expert loop reads its routing on the host, which a CUDA graph cannot; fast mode above")
     ops = get_ops("deterministic", "cpu")
     linear = ops.linear
 
@@ -82,16 +101,16 @@ def test_negative_control_split_k_that_follows_the_experts_load_is_caught(llm, m
     assert needle_mismatches(llm, sizes=(8,)) > 0
 
 
-def test_chunked_prefill_and_batch_copies(ckpt):
-    small = make(ckpt, max_num_batched_tokens=48)
+def test_chunked_prefill_and_batch_copies(ckpt, device):
+    small = make(ckpt, device, max_num_batched_tokens=48)
     long_prompt = prompts(1, seed=9, lo=110, hi=110)[0]  # cut at two budget boundaries, elsewhere among copies
     ref = run(small, [long_prompt])[0]
     assert all(k == ref for k in run(small, [long_prompt] * 3))
-    assert run(make(ckpt), [long_prompt])[0] == ref  # one chunk
+    assert run(make(ckpt, device), [long_prompt])[0] == ref  # one chunk
 
 
-def test_prefix_cache_cold_vs_hot(ckpt):
-    cached, uncached = make(ckpt), make(ckpt, enable_prefix_caching=False)
+def test_prefix_cache_cold_vs_hot(ckpt, device):
+    cached, uncached = make(ckpt, device), make(ckpt, device, enable_prefix_caching=False)
     base = prompts(1, seed=4, lo=120, hi=120)[0]
     ps = [base[:n] + prompts(1, seed=50 + n, lo=2, hi=6)[0] for n in (17, 40, 64, 100)]
     cold = run(uncached, ps)
@@ -101,11 +120,11 @@ def test_prefix_cache_cold_vs_hot(ckpt):
     assert [key(o) for o in hot] == cold
 
 
-def test_preemption_gives_the_same_outputs(ckpt):
-    tight = make(ckpt, kv_cache_tokens=256, max_model_len=128, max_num_batched_tokens=64)
+def test_preemption_gives_the_same_outputs(ckpt, device):
+    tight = make(ckpt, device, kv_cache_tokens=256, max_model_len=128, max_num_batched_tokens=64)
     ps = prompts(6, seed=8, lo=30, hi=50)
     params = SamplingParams(temperature=0.8, seed=3, max_tokens=16, logprobs=0, ignore_eos=True)
-    assert run(tight, ps, params) == run(make(ckpt), ps, params)
+    assert run(tight, ps, params) == run(make(ckpt, device), ps, params)
     assert tight.engine.scheduler.num_preemptions > 0
 
 
@@ -124,9 +143,9 @@ def test_seeds_replay_and_differ(llm):
     assert run(llm, p, SamplingParams(seed=1, **base))[0] == a != run(llm, p, SamplingParams(seed=2, **base))[0]
 
 
-def test_fingerprint_names_the_experts(llm, ckpt):
+def test_fingerprint_names_the_experts(llm, ckpt, device):
     fp = llm.engine.fingerprint()
-    dense = LLM(model=str(write_tiny_checkpoint(f"{ckpt}-dense", "qwen3", seed=3)), device="cpu",
+    dense = LLM(model=str(write_tiny_checkpoint(f"{ckpt}-dense", "qwen3", seed=3)), device=device,
                 kv_cache_tokens=1024)
     assert fp["hash"] != dense.engine.fingerprint()["hash"]
     numerics = llm.engine.loaded.numerics()
