@@ -71,6 +71,8 @@ def moe_experts(x, w13, w2, ids, weights):
         tokens, ranks = torch.where(ids == e)
         h = F.linear(x[tokens], w13[e])
         y = F.linear(F.silu(h[:, :inter]) * h[:, inter:], w2[e]) * weights[tokens, ranks, None]
+        # samebits: intentionally nondeterministic because this is fast mode's transformers loop, the baseline of the
+        # tax (on the CPU, where index_add_ runs in order; the CUDA fast row takes grouped_experts).
         out.index_add_(0, tokens, y.to(x.dtype))
     return out
 
