@@ -62,7 +62,7 @@ def needle_mismatches(llm, sizes=(1, 3, 8, 64)) -> int:
     needle = prompts(1, seed=100, lo=12, hi=20)[0]
     alone = run(llm, [needle])[0]
     for n in sizes:
-        batch = prompts(n, seed=200 + n, hi=16)
+        batch = prompts(n, seed=200 + n, hi=10)
         batch = [needle[:rng.randint(2, 12)] + p if i % 2 else p for i, p in enumerate(batch)]
         at = rng.randrange(n + 1)
         batch.insert(at, needle)
@@ -123,7 +123,7 @@ def test_prefix_cache_cold_vs_hot(ckpt, device):
 def test_preemption_gives_the_same_outputs(ckpt, device):
     tight = make(ckpt, device, kv_cache_tokens=256, max_model_len=128, max_num_batched_tokens=64)
     ps = prompts(6, seed=8, lo=30, hi=50)
-    params = SamplingParams(temperature=0.8, seed=3, max_tokens=16, logprobs=0, ignore_eos=True)
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=12, logprobs=0, ignore_eos=True)
     assert run(tight, ps, params) == run(make(ckpt, device), ps, params)
     assert tight.engine.scheduler.num_preemptions > 0
 
