@@ -169,7 +169,7 @@ class LlamaModel(nn.Module):
         """Copy HF-named tensors in (cast to the model dtype); fail naming every missing or unexpected tensor."""
         expected = self.expected_weight_names()
         seen, unexpected = set(), []
-        for name, tensor in weights:
+        for name, tensor in self.hf_named(weights):
             if name in expected:
                 self._copy_in(name, tensor)
                 seen.add(name)
@@ -179,6 +179,10 @@ class LlamaModel(nn.Module):
         if missing or unexpected:
             raise ValueError(f"checkpoint does not match the {self.config.architecture} config: "
                              f"missing {short_names(missing)}, unexpected {short_names(sorted(unexpected))}")
+
+    def hf_named(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+        """The tensors under the names `expected_weight_names` uses (models/moe.py splits stacked experts)."""
+        return weights
 
     def ignorable(self, name: str) -> bool:
         # Tied checkpoints sometimes still store lm_head; the model uses the embedding either way.

@@ -96,11 +96,7 @@ class MoeModel(LlamaModel):
                 names |= {layer + s for s in _SHARED}
         return names
 
-    @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(self._per_expert(weights))
-
-    def _per_expert(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    def hf_named(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         """HF names as the family spells them: stacked experts split into one tensor per expert, the qwen-spelled
         router of a GGUF Mixtral respelled, a 1-D shared-expert gate made [1, H]."""
         router, prefix, *parts = _spelling(self.config)

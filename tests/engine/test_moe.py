@@ -152,3 +152,24 @@ def test_fingerprint_names_the_experts(llm, ckpt, device):
     assert numerics["model_config"] != dense.engine.loaded.numerics()["model_config"]
     assert llm.engine.loaded.config.hashed_fields()["moe"]["num_experts"] == 8
     assert "moe" not in dense.engine.loaded.config.hashed_fields()
+
+
+def test_weight_sync_from_a_transformers_module_with_stacked_experts(ckpt, device, tmp_path):
+    """A transformers 5 MoE module (each layer's experts in one [E, 2I, H] tensor) synced into a running engine gives
+    the bits of an engine loaded from the checkpoint it saves."""
+    transformers = pytest.importorskip("transformers")
+    if device == "cuda":
+        pytest.skip("the CPU row covers the names; the copy is the dense path's")
+    import json
+    import pathlib
+
+    hf = json.loads((pathlib.Path(ckpt) / "config.json").read_text())
+    torch.manual_seed(1)
+    module = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**hf), dtype=torch.float32)
+    module.save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        (tmp_path / name).write_bytes((pathlib.Path(ckpt) / name).read_bytes())
+    synced = make(ckpt, device)
+    synced.update_weights(module)
+    ps = prompts(3, seed=31)
+    assert run(synced, ps) == run(make(str(tmp_path), device), ps)
