@@ -111,8 +111,8 @@ def test_chunked_prefill_and_batch_copies(ckpt, device):
 
 def test_prefix_cache_cold_vs_hot(ckpt, device):
     cached, uncached = make(ckpt, device), make(ckpt, device, enable_prefix_caching=False)
-    base = prompts(1, seed=4, lo=120, hi=120)[0]
-    ps = [base[:n] + prompts(1, seed=50 + n, lo=2, hi=6)[0] for n in (17, 40, 64, 100)]
+    base = prompts(1, seed=4, lo=150, hi=150)[0]
+    ps = [base[:n] + prompts(1, seed=50 + n, lo=2, hi=6)[0] for n in (17, 70, 100, 150)]  # 3 past a CUDA page
     cold = run(uncached, ps)
     run(cached, ps)
     hot = cached.generate(ps, PARAMS, use_tqdm=False)
@@ -120,10 +120,16 @@ def test_prefix_cache_cold_vs_hot(ckpt, device):
     assert [key(o) for o in hot] == cold
 
 
+# (KV pool tokens, max_model_len, prompts, their lengths, output tokens): more blocks wanted than the pool holds, at
+# the CPU's 16-token and CUDA's 64-token pages.
+TIGHT = {"cpu": (256, 128, 6, (30, 50), 12), "cuda": (512, 256, 10, (40, 70), 24)}
+
+
 def test_preemption_gives_the_same_outputs(ckpt, device):
-    tight = make(ckpt, device, kv_cache_tokens=256, max_model_len=128, max_num_batched_tokens=64)
-    ps = prompts(6, seed=8, lo=30, hi=50)
-    params = SamplingParams(temperature=0.8, seed=3, max_tokens=12, logprobs=0, ignore_eos=True)
+    pool, max_len, n, (lo, hi), out = TIGHT[device]
+    tight = make(ckpt, device, kv_cache_tokens=pool, max_model_len=max_len, max_num_batched_tokens=64)
+    ps = prompts(n, seed=8, lo=lo, hi=hi)
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=out, logprobs=0, ignore_eos=True)
     assert run(tight, ps, params) == run(make(ckpt, device), ps, params)
     assert tight.engine.scheduler.num_preemptions > 0
 

@@ -59,8 +59,8 @@ def _grouped_mm(index: int) -> bool:
 
 
 def _grouped_mm_runs(device) -> bool:
-    w13 = torch.ones(3, 64, 64, dtype=torch.bfloat16, device=device)
-    ids = torch.tensor([[0, 2], [2, 1], [0, 2]], device=device)  # expert 1 alone, expert 0 twice: uneven groups
+    w13 = torch.ones(4, 64, 64, dtype=torch.bfloat16, device=device)
+    ids = torch.tensor([[0, 2], [2, 1], [0, 2]], device=device)  # groups of 2, 1, 3 and 0 rows
     try:
         vendor.grouped_experts(w13[0, :3], w13, w13[:, :, :32], ids, torch.ones(3, 2, device=device))
         torch.cuda.synchronize(device)
