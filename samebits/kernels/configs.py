@@ -200,9 +200,10 @@ TILE_CONFIGS["moe"] = {
     "config": {
         "tiles": [
             [32, 16, 64, 128, 4, 4],
-            [256, 16, 128, 128, 4, 3],
+            [128, 16, 128, 128, 8, 3],
+            [256, 32, 128, 128, 8, 3],
             [1024, 64, 128, 64, 4, 4],
-            [1 << 62, 128, 128, 64, 8, 3],
+            [1 << 62, 128, 128, 64, 8, 4],
         ],
         "combine_block": 1024, "combine_warps": 4,
         "routing": "router logits by the invariant linear; float32 softmax over the experts (one row per program); "
@@ -220,9 +221,10 @@ TILE_CONFIGS["moe"] = {
     "function of the row alone. The combine folds the k outputs by top-k rank rather than expert id: the rank "
     "order is the router's own output order, so no per-row sort is needed, and the largest weight comes first; "
     "each step is one IEEE operation on the row's values, so CPU and GPU, vector width and thread count agree on "
-    "it. Tiles: decode steps give an expert a few rows (16-row blocks, wide K steps to stream its weights), prefill "
-    "hundreds (64- and 128-row blocks), following vLLM's H100 fused-MoE configs for Qwen3-30B-A3B's expert shapes; "
-    "not yet tuned on the H200.",
+    "it. Tiles: decode steps give an expert a few rows (16- and 32-row blocks, wide K steps to stream its weights), "
+    "prefill hundreds (64- and 128-row blocks), after vLLM's H100 fused-MoE table for E=128, N=768 (Qwen3-30B-A3B; "
+    "its BN of the gate/up GEMM halved here, where one program holds a gate and an up tile); not yet tuned on the "
+    "H200.",
 }
 
 # Compiler options passed to every Triton launch.

@@ -1,4 +1,4 @@
-"""The engine on a mixture of experts (Qwen3-MoE; on the CPU 8 experts, top 2; on the GPU 64 experts, top 8, bf16,
+"""The engine on a mixture of experts (Qwen3-MoE; on the CPU 8 experts, top 2; on the GPU 32 experts, top 8, bf16,
 with CUDA graphs and async scheduling): a request's tokens and logprob bits never depend on the load, however many of
 its neighbours share its experts, and the engine's other paths (chunked prefill, prefix cache, preemption, prompt
 logprobs, scoring, seeds) give the same bits as on dense models."""
@@ -15,7 +15,7 @@ from samebits.models.testing import write_tiny_checkpoint
 VOCAB = 320
 SHAPES = {
     "cpu": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64},
-    "cuda": {"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 256, "hidden_size": 1024,
+    "cuda": {"num_experts": 32, "num_experts_per_tok": 8, "moe_intermediate_size": 128, "hidden_size": 1024,
              "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128, "num_hidden_layers": 4,
              "torch_dtype": "bfloat16"},
 }
