@@ -1,0 +1,128 @@
+"""A constrained request's bits are a function of the request alone: alone, among 31 others with other grammars or
+none, cold or prefix-cached, chunked and preempted, with async scheduling on or off; seeded sampling replays. The
+negative control, a mask that is the union of the batch's masks, is caught by the same comparison."""
+import json
+import random
+import re
+
+import jsonschema
+import pytest
+import torch
+
+from samebits.engine.llm import LLM
+from samebits.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from samebits.models.testing import write_tiny_checkpoint
+from samebits.structured.masks import GrammarRows
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+CONSTRAINTS = [
+    StructuredOutputsParams(json=PERSON, disable_any_whitespace=True),
+    StructuredOutputsParams(regex=r"[a-f]{2,5}-[0-9]{1,3}"),
+    StructuredOutputsParams(choice=["red", "green", "blue whale"]),
+    StructuredOutputsParams(json_object=True),
+    StructuredOutputsParams(grammar='start: "(" NUM ("+" NUM)* ")"\nNUM: /[0-9]{1,2}/'),
+    None,
+]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return str(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "llama3", seed=4))
+
+
+def make(ckpt, **kw):
+    return LLM(model=ckpt, device="cpu", mode="deterministic", **{"kv_cache_tokens": 4096, "max_model_len": 128, **kw})
+
+
+@pytest.fixture(scope="module")
+def llm(ckpt):
+    return make(ckpt)
+
+
+def key(out) -> list[tuple]:
+    return [(tuple(c.token_ids), torch.tensor(c.token_logprobs, dtype=torch.float32).view(torch.int32).tolist(),
+             c.finish_reason) for c in out.outputs]
+
+
+def needle_params(seed: int) -> SamplingParams:
+    return SamplingParams(temperature=0.8, seed=seed, max_tokens=12, logprobs=0, structured_outputs=CONSTRAINTS[0])
+
+
+def workload(seed: int) -> tuple[list, list]:
+    """The needle (a JSON-schema request) first, then 31 others sharing some of its prefix, each with another grammar
+    or none, greedy or sampled, n = 1 or 2."""
+    rng = random.Random(seed)
+    needle = [rng.randrange(3, 300) for _ in range(24)]
+    prompts = [needle] + [needle[:rng.choice([0, 16, 20])] + [rng.randrange(3, 300) for _ in range(rng.randint(2, 12))]
+                          for _ in range(31)]
+    params = [needle_params(seed)]
+    params += [SamplingParams(temperature=rng.choice([0.0, 0.7, 1.0]), seed=rng.randrange(1 << 30), n=rng.choice([1, 2]),
+                              max_tokens=rng.randint(2, 8), logprobs=0,
+                              structured_outputs=rng.choice(CONSTRAINTS)) for _ in range(31)]
+    return prompts, params
+
+
+def run(llm, prompts, params) -> list:
+    return [key(o) for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def test_outputs_follow_their_grammar(llm, seed):
+    prompts, params = workload(seed)
+    for p, out in zip(params, llm.generate(prompts, params, use_tqdm=False)):
+        so = p.structured_outputs
+        for c in out.outputs:
+            if so is None or c.finish_reason != "stop":
+                continue
+            if so.kind == "json":
+                jsonschema.validate(json.loads(c.text), PERSON)
+            elif so.kind == "json_object":
+                assert isinstance(json.loads(c.text), dict)
+            elif so.kind == "regex":
+                assert re.fullmatch(so.regex, c.text), c.text
+            elif so.kind == "choice":
+                assert c.text in so.choice
+            else:
+                assert re.fullmatch(r"\([0-9]{1,2}(\+[0-9]{1,2})*\)", c.text), c.text
+
+
+def test_needle_alone_equals_needle_among_31_cold_cached_chunked_preempted_async(ckpt, llm, seed):
+    prompts, params = workload(seed)
+    alone = run(llm, prompts[:1], params[:1])[0]  # cold; it leaves its prompt in the prefix cache
+    assert llm.generate(prompts[:1], params[:1], use_tqdm=False)[0].num_cached_tokens > 0
+    together = run(llm, prompts, params)
+    assert together[0] == alone  # among 31, its prefix cached
+    cold_tight = make(ckpt, enable_prefix_caching=False, kv_cache_tokens=160, max_num_batched_tokens=16,
+                      max_num_seqs=16)
+    assert run(cold_tight, prompts, params) == together  # cold, chunked prefill, preempted
+    assert cold_tight.engine.scheduler.num_preemptions > 0
+    # A mask filled before its row's last token was read back fails loudly (GrammarMatcher.fill), so equal bits
+    # here mean every grammar step launched ahead was sampled after the read-back.
+    ahead = make(ckpt, async_scheduling=True)
+    assert ahead.engine.overlap
+    assert run(ahead, prompts, params) == together
+
+
+def test_seeded_sampling_replays_and_another_seed_differs(llm, seed):
+    prompts, params = workload(seed)
+    p = params[0]
+    first = run(llm, prompts[:1], [p])[0]
+    assert run(llm, prompts[:1], [p])[0] == first
+    assert run(llm, prompts[:1], [needle_params(seed + 1)])[0] != first
+
+
+def test_negative_control_a_mask_shared_by_the_batch_is_caught(llm, seed, monkeypatch):
+    """Every grammar row given the union of the batch's masks (a shared mask) changes the needle among others."""
+    prompts, params = workload(seed)
+    alone = run(llm, prompts[:1], params[:1])[0]
+    row_local = GrammarRows.host_words
+
+    def union(self, vocab, pin):
+        words = row_local(self, vocab, pin)
+        shared = words[0].clone()
+        for row in words[1:]:
+            shared |= row
+        return shared.expand_as(words).clone()
+
+    monkeypatch.setattr(GrammarRows, "host_words", union)
+    assert run(llm, prompts, params)[0] != alone
