@@ -14,6 +14,7 @@ from samebits.server.errors import aborted, map_error
 from samebits.server.requests import Job, Sub
 from samebits.server.responses import DONE_EVENT, StreamWriter, chat_body, error_event, json_response, text_body
 from samebits.server.state import ServerState
+from samebits.server.tool_stream import ToolStreamWriter
 
 STATUS_CLIENT_GONE = 499  # nginx's convention; nobody reads it, but logs and metrics do
 
@@ -179,7 +180,7 @@ async def respond(state: ServerState, request: Request, job: Job, stream: bool) 
 
 
 async def _respond_stream(state: ServerState, request: Request, job: Job) -> Response:
-    writer = StreamWriter(state, job)
+    writer = (StreamWriter if job.tools is None else ToolStreamWriter)(state, job)
     if len(job.subs) == 1:  # the engine's own iterator: no generator between it and the stream's loop
         sub = job.subs[0]
         outputs = state.ae.generate(sub.request_id, sub.ids, job.params, prompt=sub.text)
