@@ -18,6 +18,9 @@ from samebits.structured.params import StructuredOutputsParams
 COMPLETE, REJECTED = "stop", "abort"
 # llguidance's JSON whitespace when a request asks for none flexible (vLLM's disable_any_whitespace): json.dumps'.
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Otherwise, between JSON tokens: at most one line break, then at most 20 spaces or tabs. Compact and pretty-printed
+# JSON both fit; any whitespace at all (vLLM's default) lets a small model write blank lines until max_tokens.
+JSON_WHITESPACE = r"(\r?\n)?[ \t]{0,20}"
 
 
 class GrammarError(ValueError):
@@ -54,9 +57,8 @@ def grammar_text(p: StructuredOutputsParams) -> str:
                 json.loads(p.json) if isinstance(p.json, str) else p.json)
             if p.disable_additional_properties:
                 schema = closed_objects(schema)
-            options = dict(COMPACT_JSON) if p.disable_any_whitespace else {"whitespace_flexible": True}
-            if p.whitespace_pattern is not None:
-                options["whitespace_pattern"] = p.whitespace_pattern
+            options = dict(COMPACT_JSON) if p.disable_any_whitespace else {
+                "whitespace_flexible": True, "whitespace_pattern": p.whitespace_pattern or JSON_WHITESPACE}
             return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=options)
         if p.kind == "choice":
             return llguidance.grammar_from("choice", json.dumps(list(p.choice)))
