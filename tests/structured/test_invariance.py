@@ -105,6 +105,16 @@ def test_needle_alone_equals_needle_among_31_cold_cached_chunked_preempted_async
     assert run(ahead, prompts, params) == together
 
 
+def test_a_grammar_complete_at_max_tokens_stops_and_one_cut_short_is_length(llm):
+    so = StructuredOutputsParams(choice=["yes"])
+    n = len(llm.tokenizer.encode("yes", add_special_tokens=False))
+    (done, cut) = llm.generate([[7, 8], [7, 8]], [SamplingParams(max_tokens=n, structured_outputs=so),
+                                                  SamplingParams(max_tokens=n - 1, structured_outputs=so)],
+                               use_tqdm=False)
+    assert (done.outputs[0].text, done.outputs[0].finish_reason) == ("yes", "stop")
+    assert cut.outputs[0].finish_reason == "length" and "yes".startswith(cut.outputs[0].text)
+
+
 def test_seeded_sampling_replays_and_another_seed_differs(llm, seed):
     prompts, params = workload(seed)
     p = params[0]
