@@ -12,7 +12,7 @@ import torch
 from samebits.engine.llm import LLM
 from samebits.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from samebits.models.testing import write_tiny_checkpoint
-from samebits.structured.masks import GrammarRows
+from tests.structured.helpers import share_masks_across_the_batch
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
@@ -127,14 +127,5 @@ def test_negative_control_a_mask_shared_by_the_batch_is_caught(llm, seed, monkey
     """Every grammar row given the union of the batch's masks (a shared mask) changes the needle among others."""
     prompts, params = workload(seed)
     alone = run(llm, prompts[:1], params[:1])[0]
-    row_local = GrammarRows.host_words
-
-    def union(self, vocab, pin):
-        words = row_local(self, vocab, pin)
-        shared = words[0].clone()
-        for row in words[1:]:
-            shared |= row
-        return shared.expand_as(words).clone()
-
-    monkeypatch.setattr(GrammarRows, "host_words", union)
+    share_masks_across_the_batch(monkeypatch)
     assert run(llm, prompts, params)[0] != alone
