@@ -9,6 +9,7 @@ ids, no floating point), so the mask is as much a function of the request as the
 from __future__ import annotations
 
 import json
+import os
 from functools import cached_property
 
 from samebits.structured.params import StructuredOutputsParams
@@ -21,6 +22,9 @@ COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 # Otherwise, between JSON tokens: at most one line break, then at most 20 spaces or tabs. Compact and pretty-printed
 # JSON both fit; any whitespace at all (vLLM's default) lets a small model write blank lines until max_tokens.
 JSON_WHITESPACE = r"(\r?\n)?[ \t]{0,20}"
+# From this many grammar rows a step's masks are filled by llguidance's thread pool, each row by its own matcher
+# into its own row (the threads change when a row is filled, never what): below it the pool's hand-off costs more.
+PARALLEL_ROWS = 16
 
 
 class GrammarError(ValueError):
@@ -92,10 +96,16 @@ class Grammars:
             raise GrammarError(p.kind, messages[0].strip())
         return grammar
 
+    @cached_property
+    def executor(self):
+        import llguidance
+
+        return llguidance.LLExecutor(num_threads=max(1, min(16, (os.cpu_count() or 2) // 2)))
+
     def matchers(self, p: StructuredOutputsParams, n: int) -> list[GrammarMatcher]:
         """One matcher per sample of a request (n of them), each at the grammar's start."""
         grammar = self.compile(p)
-        return [GrammarMatcher(self._matcher(p, grammar)) for _ in range(n)]
+        return [GrammarMatcher(self._matcher(p, grammar), self) for _ in range(n)]
 
     def _matcher(self, p: StructuredOutputsParams, grammar: str):
         import llguidance
@@ -110,8 +120,9 @@ class GrammarMatcher:
     """One sample's grammar state. `consumed` counts the sample's tokens it has taken, so a mask is only ever filled
     for the position right after them (a stale or skipped token fails loudly, never masks the wrong row)."""
 
-    def __init__(self, matcher):
+    def __init__(self, matcher, grammars: Grammars):
         self.matcher = matcher
+        self.grammars = grammars
         self.consumed = 0
 
     def advance(self, seq) -> str | None:
@@ -124,11 +135,29 @@ class GrammarMatcher:
             return REJECTED
         return COMPLETE if self.matcher.is_stopped() else None
 
-    def fill(self, row, seq, position: int) -> None:
-        """Write the mask of the token at `position` into `row` (a contiguous int32 host tensor of cdiv(V, 32) words,
-        bit t of word t // 32 set when token t is allowed)."""
+    def check(self, seq, position: int) -> None:
+        """The mask about to be filled is for the token at `position`, the one right after those taken."""
         expected = position - seq.num_prompt_tokens
         if self.consumed != expected:
             raise RuntimeError(f"{seq!r}: its grammar has taken {self.consumed} tokens, the mask is for generated "
                                f"token {expected}")
+
+    def fill(self, row, seq, position: int) -> None:
+        """Write the mask of the token at `position` into `row` (a contiguous int32 host tensor of cdiv(V, 32) words,
+        bit t of word t // 32 set when token t is allowed)."""
+        self.check(seq, position)
         self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+
+
+def fill_rows(words, rows: list[tuple[int, object, int]]) -> None:
+    """Fill words[i] (an [R, W] contiguous int32 host tensor) with the mask of each (i, seq, position) in `rows`, by
+    each sequence's own matcher; many rows at once through the thread pool (PARALLEL_ROWS)."""
+    if len(rows) < PARALLEL_ROWS:
+        for i, seq, position in rows:
+            seq.grammar.fill(words[i], seq, position)
+        return
+    for _, seq, position in rows:
+        seq.grammar.check(seq, position)
+    width = words.shape[1] * words.element_size()
+    rows[0][1].grammar.grammars.executor.unsafe_compute_mask_ptr(
+        [(seq.grammar.matcher, i) for i, seq, _ in rows], words.data_ptr(), width, words.shape[0])

@@ -15,6 +15,7 @@ import torch
 
 from samebits.arith import cdiv
 from samebits.kernels.common import to_device
+from samebits.structured.grammar import fill_rows
 
 BITS = 32  # llguidance's mask word: bit t % 32 of word t // 32 is token t
 
@@ -50,9 +51,7 @@ class GrammarRows:
         """[R, cdiv(V, 32)] int32 masks filled by each row's own matcher; a finished row's (its draw is dropped)
         allows every token."""
         words = torch.full((len(self.rows), cdiv(vocab, BITS)), -1, dtype=torch.int32, pin_memory=pin)
-        for i, (seq, position) in enumerate(zip(self.seqs, self.positions)):
-            if not seq.is_finished:
-                seq.grammar.fill(words[i], seq, position)
+        fill_rows(words, [(i, s, p) for i, (s, p) in enumerate(zip(self.seqs, self.positions)) if not s.is_finished])
         return words
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
