@@ -133,3 +133,33 @@ def test_negative_control_a_mask_shared_by_the_batch_is_caught(llm, seed, monkey
     alone = run(llm, prompts[:1], params[:1])[0]
     share_masks_across_the_batch(monkeypatch)
     assert run(llm, prompts, params)[0] != alone
+
+
+# The CUDA shape of tests/engine/test_invariance.py: bf16, head_dim 128 attention, a vocabulary past the tokenizer's.
+CUDA_SHAPE = {"hidden_size": 1024, "intermediate_size": 2816, "vocab_size": 8192, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "num_hidden_layers": 4, "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.gpu
+def test_cuda_needle_alone_equals_among_31_with_graphs_and_async_and_a_shared_mask_is_caught(tmp_path, seed,
+                                                                                              monkeypatch):
+    """On the GPU the grammar masks travel pinned and non-blocking, decode steps replay CUDA graphs and a step with
+    grammar rows launched ahead is sampled after the read-back (model_runner.DeferredStep)."""
+    ckpt = str(write_tiny_checkpoint(tmp_path, "llama3", seed=4, **CUDA_SHAPE))
+
+    def cuda(**kw):
+        return LLM(model=ckpt, device="cuda", mode="deterministic", kv_cache_tokens=16384, max_model_len=256, **kw)
+
+    llm = cuda()
+    assert llm.engine.overlap and llm.engine.runner.graphs is not None
+    prompts, params = workload(seed)
+    alone = run(llm, prompts[:1], params[:1])[0]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    check_grammars(params, outs)
+    together = [key(o) for o in outs]
+    assert together[0] == alone
+    tight = cuda(async_scheduling=False, enable_prefix_caching=False, max_num_batched_tokens=16)
+    assert run(tight, prompts, params) == together
+    assert llm.engine.runner.graphs.graphs, "decode steps replayed CUDA graphs"
+    share_masks_across_the_batch(monkeypatch)
+    assert run(llm, prompts, params)[0] != alone
