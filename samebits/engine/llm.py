@@ -42,8 +42,10 @@ class LLM:
         {"prompt_token_ids": [...]}, or a list of those."""
         items = normalize_prompts(prompts, self.tokenizer.encode)
         params = self._params_per_prompt(sampling_params, len(items))
-        for p in params:  # before any request is queued, so a bad one loses nothing
+        for p in {id(p): p for p in params}.values():  # before any request is queued, so a bad one loses nothing
             check_vocab(p, self.engine.loaded.config.vocab_size)
+            if p.structured_outputs is not None:
+                self.engine.grammars.compile(p.structured_outputs)
         with self._runtime():
             ids = [self._add(t, p, text) for (text, t), p in zip(items, params)]
             outs = self._run(ids, use_tqdm)

@@ -39,6 +39,8 @@ class ToolStreamWriter(StreamWriter):
         events = []
         for c in out.outputs:
             cursor = self.cursors.setdefault(c.index, ChoiceCursor())
+            if cursor.done:  # finished and sent; the request's other choices still run
+                continue
             content, calls = self.plan.calls(c.text) if c.finish_reason is not None else (None, ())
             if c.finish_reason is None:
                 view = _Running(c, held(self.plan, c.text), None)

@@ -138,17 +138,19 @@ def test_a_forced_tool_call_parses_and_its_arguments_follow_the_parameters(tool_
 
 
 def test_streamed_tool_call_deltas_add_up_to_the_body(tool_server):
-    body = ch(tools=[ADD, ECHO], tool_choice="required", max_tokens=120, temperature=1.0, seed=8)
-    whole = post(tool_server, CHAT, body)["choices"][0]
+    """Two choices of different lengths: each one's calls are sent once, when it finishes."""
+    body = ch(tools=[ADD, ECHO], tool_choice="required", max_tokens=120, temperature=1.0, seed=8, n=2)
+    choices = post(tool_server, CHAT, body)["choices"]
     with tool_server.client() as http, http.stream("POST", CHAT, json={**body, "stream": True}) as r:
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
-    deltas = [x["choices"][0] for x in chunks if x["choices"]]
-    calls = [t for d in deltas for t in d["delta"].get("tool_calls", [])]
-    assert [(t["index"], t["function"]) for t in calls] == [
-        (k, t["function"]) for k, t in enumerate(whole["message"]["tool_calls"])]
-    assert "".join(d["delta"].get("content") or "" for d in deltas) == ""
-    assert [d["finish_reason"] for d in deltas if d["finish_reason"]] == [whole["finish_reason"]]
-    assert [t for d in deltas for t in d.get("token_ids", [])] == whole["token_ids"]
+    for whole in choices:
+        deltas = [x["choices"][0] for x in chunks if x["choices"] and x["choices"][0]["index"] == whole["index"]]
+        calls = [t for d in deltas for t in d["delta"].get("tool_calls", [])]
+        assert [(t["index"], t["function"]) for t in calls] == [
+            (k, t["function"]) for k, t in enumerate(whole["message"]["tool_calls"])]
+        assert "".join(d["delta"].get("content") or "" for d in deltas) == ""
+        assert [d["finish_reason"] for d in deltas if d["finish_reason"]] == [whole["finish_reason"]]
+        assert [t for d in deltas for t in d.get("token_ids", [])] == whole["token_ids"]
 
 
 def test_auto_leaves_plain_text_as_content_and_a_tool_conversation_is_accepted_back(tool_server):

@@ -163,3 +163,12 @@ def test_cuda_needle_alone_equals_among_31_with_graphs_and_async_and_a_shared_ma
     assert llm.engine.runner.graphs.graphs, "decode steps replayed CUDA graphs"
     share_masks_across_the_batch(monkeypatch)
     assert run(llm, prompts, params)[0] != alone
+
+
+def test_a_bad_grammar_is_refused_before_any_request_is_queued(llm):
+    from samebits.structured.grammar import GrammarError
+
+    bad = SamplingParams(structured_outputs=StructuredOutputsParams(regex="(ab"))
+    with pytest.raises(GrammarError, match="structured_outputs.regex is not valid"):
+        llm.generate([[5, 6], [7, 8]], [SamplingParams(max_tokens=2), bad], use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
