@@ -1,4 +1,4 @@
-"""The issue's "done when" on the CPU: the default model (SmolLM2-135M) behind the server, through the real `openai`
+"""Structured outputs on the CPU end to end: the default model (SmolLM2-135M) behind the server, through the real `openai`
 client and LangChain: parsed pydantic objects, 20 JSON schemas whose outputs validate, choices and regexes that
 match, forced tool calls that parse. One server for the module, few tokens each."""
 from __future__ import annotations
