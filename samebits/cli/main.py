@@ -354,6 +354,8 @@ SERVE_HELP = {
     "allow_special_tokens": "Let completion prompts spell special tokens (<|im_end|>...); chat content never can.",
     "engine_process": "Run the engine in its own process, so HTTP work never takes the step's GIL (tensor_parallel_size "
                       "1; default: on for CUDA at tensor_parallel_size 1, the engine thread otherwise).",
+    "tool_call_parser": "How the model writes tool calls: hermes (Qwen, Hermes, ChatML), llama3_json, or auto "
+                        "(read off the chat template).",
     "timeout_header": "Seconds a connection has to send a request's headers.",
     "timeout_body": "Seconds a request has to send its body once its headers are in.",
     "max_connections": "Open connections; more are answered 503 and closed.",

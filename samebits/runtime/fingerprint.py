@@ -105,11 +105,11 @@ def _cuda_fields(torch) -> dict:
     }
 
 
-def _triton_version() -> str | None:
+def _package_version(name: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("triton")
+        return version(name)
     except PackageNotFoundError:
         return None
 
@@ -176,7 +176,9 @@ def fingerprint(mode: str = "deterministic", tensor_parallel: dict | None = None
         "samebits": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "triton": _triton_version(),
+        "triton": _package_version("triton"),
+        # The grammar library decides which tokens a constrained request may draw (structured/grammar.py).
+        "llguidance": _package_version("llguidance"),
         **_cuda_fields(torch),
         "cpu": _cpu_model(),
         "blas": _blas_backend(torch),

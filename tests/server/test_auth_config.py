@@ -121,6 +121,7 @@ NON_DEFAULT_FLAGS = {
     "default_max_tokens": ["--default-max-tokens", "12"], "allow_special_tokens": ["--allow-special-tokens"],
     "timeout_header": ["--timeout-header", "1.5"], "timeout_body": ["--timeout-body", "2.5"],
     "max_connections": ["--max-connections", "13"], "engine_process": ["--engine-process"],
+    "tool_call_parser": ["--tool-call-parser", "hermes"],
 }
 
 
