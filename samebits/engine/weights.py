@@ -39,6 +39,8 @@ def update_weights(engine, source, version: str | None = None) -> str:
     if engine.config.tp_invariant:  # the model holds its weights in the sharded layout (distributed/model.py)
         raise WeightsError("update_weights: all_reduce='invariant' is not supported yet")
     model = engine.runner.model
+    if model.recipe is not None:  # its linears are e4m3 with scales (models/fp8.py), not a trainer's weights
+        raise WeightsError("update_weights: FP8 models are not supported; serve the dense checkpoint to sync weights")
     pairs = plan(model, tensors_of(source))
     with torch.no_grad():
         for dest, tensor in pairs:
