@@ -4,7 +4,9 @@ its bits equal the Triton kernel's; in fast mode as the vendor's FP8 GEMM.
 On the H200 torch runs row-wise scaled FP8 through its CUTLASS kernel: K in 128-wide tiles, each tile's four e4m3 wgmma
 promoted to float32 (without fast accumulation), the activation and weight scales in the epilogue, on either side of
 the product as it transposes by shape; our scales are powers of two, so that side does not change a bit
-(kernels/configs.py "fp8"). Whether its tile sums equal the Triton kernel's is what the self-test proves.
+(kernels/configs.py "fp8"). Whether its tile sums equal the Triton kernel's is what the self-test proves. Taken only
+with the template's pinned cuBLASLt workspace (vendor_gemm.workspace_pinned), as the bf16 route is: should torch route
+row-wise FP8 through cuBLASLt instead, a workspace would let it split K.
 
 Triple: `scaled_mm` is the launcher, `triton/fp8.gemm` the reference it must equal bit for bit, `self_test` the
 proof, run once per (N, K, device) before the route is taken (`prove_weights` at load, before the KV cache is sized).
@@ -33,9 +35,13 @@ def shape_allowed(n: int, k: int, recipe: ref.Fp8Recipe, dtype) -> bool:
 def eligible(x2d, weight, recipe: ref.Fp8Recipe, bias) -> bool:
     """Take the vendor route for this deterministic call? Runs the shape's self-test the first time (never in a
     capture, where only shapes already proven are taken)."""
+    from samebits.kernels.vendor_gemm import workspace_pinned
+
     m, k = x2d.shape
     n = weight.shape[0]
     if bias is not None or x2d.device.type != "cuda" or m < _CFG["min_m"] or not shape_allowed(n, k, recipe, x2d.dtype):
+        return False
+    if not workspace_pinned():  # should torch take cuBLASLt here, a workspace would let it split K
         return False
     if torch.cuda.is_current_stream_capturing():
         return _VERDICTS.get(_key(n, k, weight.device), False)

@@ -139,3 +139,50 @@ def test_the_fingerprint_names_the_recipe(tmp_path):
     fields = channel.numerics()
     other = {**fields, "quantization": {**fields["quantization"], "activations": "tensor"}}
     assert fingerprint("fast", None, other)["hash"] != fingerprint("fast", None, fields)["hash"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["block", "channel", "static"])
+def test_fp8_checkpoints_on_cuda_agree_with_the_cpu_and_are_batch_invariant(tmp_path, fmt):
+    path = write_tiny_fp8_checkpoint(tmp_path / fmt, fmt)
+    cpu = load(path)
+    gpu = load_model(path, "deterministic", "cuda", "fp32", progress=False)
+    assert gpu.weights == cpu.weights  # the same e4m3 bytes and scales, digested on each device
+    ours = prefill_logits(gpu.model, PROMPTS)
+    assert rel_error(prefill_logits(cpu.model, PROMPTS), [o.cpu() for o in ours]) <= DEQUANTISED_REL
+    assert torch.equal(prefill_logits(gpu.model, PROMPTS[1:])[0], ours[1])
+
+
+@pytest.mark.gpu
+def test_online_quantisation_gives_the_same_weights_on_cuda_and_cpu(tmp_path):
+    path = write_tiny_checkpoint(tmp_path / "dense", "qwen3", seed=3)
+    cpu = load(path, quantization="fp8")
+    gpu = load_model(path, "deterministic", "cuda", "fp32", progress=False, quantization="fp8")
+    assert gpu.weights == cpu.weights
+
+
+@pytest.mark.gpu
+def test_8b_shaped_fp8_model_runs_batch_invariantly():
+    from samebits.models import ModelConfig
+    from samebits.models.quantization import quantize_dense
+    from samebits.models.testing import random_model
+    from tests.models.helpers import decode_logits
+
+    config = ModelConfig(architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                         num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, max_position_embeddings=8192,
+                         rope_theta=500000.0)
+    model = quantize_dense(random_model(config, get_ops("deterministic", "cuda"), torch.bfloat16), "fp8",
+                           "deterministic")
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, config.vocab_size, (n,), generator=gen).tolist() for n in (100, 37, 5)]
+    batched = prefill_logits(model, prompts)
+    assert all(torch.isfinite(x).all() for x in batched)
+    assert torch.equal(prefill_logits(model, prompts[1:2])[0], batched[1])
+    prompt, continuation = prompts[0][:40], prompts[0][40:48]
+    steps = decode_logits(model, prompt, continuation)
+    full = prefill_logits(model, [prompt + continuation])[0][len(prompt) - 1:]
+    # Values here, as for the bf16 model (test_gpu.py); the bits of prefill against decode are the engine's test
+    # (tests/engine/test_fp8_invariance.py, prompt logprobs against decode logprobs).
+    assert float((steps - full).abs().max()) <= 0.05 * float(full.abs().max())
+    del model
+    torch.cuda.empty_cache()
