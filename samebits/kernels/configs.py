@@ -250,12 +250,13 @@ TILE_CONFIGS["fp8_quant"] = {
 
 TILE_CONFIGS["vendor_fp8"] = {
     "config": {"enabled": True, "use_fast_accum": False, "min_m": 128, "k_multiple": 128, "n_multiple": 16,
-               "test_m": [1, 2, 3, 16, 64, 65, 128, 129, 192, 256, 257, 1000, 1024, 2048, 3001, 4096, 8192]},
+               "test_m": [128, 129, 192, 256, 257, 320, 1000, 1024, 2048, 3001, 4096, 4097, 8192]},
     "why": "torch._scaled_mm with row-wise scales (on the H200 torch's CUTLASS kernel, the same k_step promotion "
     "without fast accumulation) is taken only for an FP8 weight shape whose self-test (every element equal to the "
-    "Triton kernel at each test_m, M on both sides of its 64-row and transposition boundaries) passed in this "
-    "process; a failed test only means the Triton kernel runs. min_m: decode steps stay on the Triton kernel, whose "
-    "small-M tiles stream the weights (vendor FP8 was 0.9-1.3x bf16 at M <= 16, measured on the H200).",
+    "Triton kernel at each test_m: both sides of its 256-row padding, its 192-row and 4096-row special cases, of "
+    "64- and 128-row tiles by SM count) passed in this process; a failed test only means the Triton kernel runs. "
+    "min_m: decode steps stay on the Triton kernel, whose small-M tiles stream the weights (vendor FP8 was 0.9-1.3x "
+    "bf16 at M <= 16, measured on the H200); the route serves M >= min_m only, so only those are tested.",
 }
 
 # Compiler options passed to every Triton launch.

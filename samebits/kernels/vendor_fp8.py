@@ -23,6 +23,7 @@ _CFG = TILE_CONFIGS["vendor_fp8"]["config"]
 # (N, K, device index) -> passed; process-wide, as the kernel choice it proves is.
 _VERDICTS: dict[tuple, bool] = {}
 _ROW_WISE = ("token", "static")
+assert min(_CFG["test_m"]) <= _CFG["min_m"], "vendor_fp8: the self-test must cover the smallest M the route serves"
 
 
 def shape_allowed(n: int, k: int, recipe: ref.Fp8Recipe, dtype) -> bool:

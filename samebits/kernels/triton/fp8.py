@@ -182,7 +182,8 @@ def quantize(x2d: torch.Tensor, recipe: ref.Fp8Recipe, input_scale: torch.Tensor
     m, k = x2d.shape
     act = _ACT[recipe.activations]
     q = torch.empty(m, k, dtype=ref.FP8, device=x2d.device)
-    shape = {TOKEN.value: (m,), GROUP.value: (m, triton.cdiv(k, ref.K_STEP)), STATIC.value: (0,)}[act]
+    # Static activations write no scale; their buffer is one element (a pointer to no memory is refused at launch).
+    shape = {TOKEN.value: (m,), GROUP.value: (m, triton.cdiv(k, ref.K_STEP)), STATIC.value: (1,)}[act]
     scales = torch.empty(shape, dtype=torch.float32, device=x2d.device)
     if m and k:
         _quantize_rows_kernel[(m,)](x2d, q, scales, input_scale if input_scale is not None else scales, k,
