@@ -36,7 +36,7 @@ test: $(STAMP)
 # The lock again after a change to pyproject.toml (pins kept where they still fit); UPGRADE=1: every package at its
 # newest release. Run `make test` after it and commit both.
 lock: $(STAMP)
-	$(VENV)/bin/uv pip compile pyproject.toml --extra server --extra triton --extra dev --python-version 3.11 \
+	$(VENV)/bin/uv pip compile pyproject.toml --extra server --extra triton --extra fleet --extra dev --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 --find-links $(TORCH_WHEELS) --no-emit-package torch \
 	  --constraint <(echo $(TORCH)) $(if $(UPGRADE),--upgrade) --custom-compile-command "make lock" --quiet -o $(LOCK)
 
@@ -46,7 +46,7 @@ test-latest:
 	rm -rf .venv-latest && $(PY) -m venv .venv-latest
 	.venv-latest/bin/python -m pip install -q --upgrade pip
 	.venv-latest/bin/python -m pip install -q $(TORCH)
-	.venv-latest/bin/python -m pip install -q --upgrade -e '.[server,triton,dev]'
+	.venv-latest/bin/python -m pip install -q --upgrade -e '.[server,triton,fleet,dev]'
 	.venv-latest/bin/python -m pip freeze --exclude-editable > .venv-latest/versions.txt
 	diff <(grep -v '^ *#' $(LOCK) | tr A-Z_ a-z-) <(grep -v '^torch==' .venv-latest/versions.txt | tr A-Z_ a-z-) || true
 	.venv-latest/bin/python $(TEST)

@@ -93,8 +93,15 @@ def test_negative_control_a_planted_folder_with_kernels_py_is_caught(tmp_path, m
         assert "installed distribution" in found[f"{tmp_path.resolve()}/kernels"]
 
 
+def _restores(node: ast.Assign) -> bool:
+    """`sys.path[:] = saved` or `sys.path = saved["path"]`: the whole list put back from a snapshot taken before a
+    library changed it (fleet/cluster.py after Ray's import), not a folder added."""
+    whole = all(ast.unparse(t) in ("sys.path", "sys.path[:]") for t in node.targets)
+    return whole and isinstance(node.value, (ast.Name, ast.Subscript, ast.Attribute))
+
+
 def sys_path_edits(source: str, filename: str = "<source>") -> list[str]:
-    """'file:line' for each statement that changes sys.path or adds a site folder."""
+    """'file:line' for each statement that adds to or changes sys.path, or adds a site folder."""
     hits = []
     for node in ast.walk(ast.parse(source, filename)):
         target = None
@@ -103,7 +110,7 @@ def sys_path_edits(source: str, filename: str = "<source>") -> list[str]:
                 target = node.func.value
             elif node.func.attr == "addsitedir":
                 hits.append(f"{filename}:{node.lineno}")
-        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+        elif isinstance(node, ast.Assign) and not _restores(node) or isinstance(node, ast.AugAssign):
             for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 target = t.value if isinstance(t, ast.Subscript) else t
         if target is not None and ast.unparse(target) == "sys.path":
@@ -123,6 +130,11 @@ def test_nothing_in_the_checkout_edits_sys_path():
 
 @pytest.mark.parametrize("line", ["sys.path.insert(0, 'benchmarks')", "sys.path[:0] = ['.', 'benchmarks']",
                                   "sys.path += ['x']", "sys.path = ['x']", "site.addsitedir('x')",
-                                  "sys.path.append(str(ROOT))"])
+                                  "sys.path.append(str(ROOT))", "sys.path[:0] = saved", "sys.path = saved + ['x']"])
 def test_negative_control_each_kind_of_edit_is_found(line):
     assert sys_path_edits(f"import site, sys\n{line}\n") == ["<source>:2"]
+
+
+@pytest.mark.parametrize("line", ["sys.path[:] = saved", "sys.path[:] = before['path']", "sys.path = state.path"])
+def test_putting_back_a_snapshot_is_not_an_edit(line):
+    assert sys_path_edits(f"import sys\n{line}\n") == []

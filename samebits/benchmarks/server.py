@@ -78,6 +78,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--engine-process", action="store_true",
                    help="serve with the engine in its own process (ServerConfig.engine_process); the offline run's "
                         "engine is freed first and its KV cache size kept")
+    p.add_argument("--data-parallel-size", type=int, default=None,
+                   help="serve through a fleet of this many Ray replicas (samebits/fleet; 1: one replica behind the "
+                        "router, to compare with the plain server)")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args(argv)
 
@@ -296,10 +299,11 @@ def run(args) -> dict:
             offline_run(engine, [{**r, "max_tokens": 4} for r in reqs])
             t = time.perf_counter()
             offline = (*offline_run(engine, reqs), log.summary(t, time.perf_counter()))
-        if args.engine_process:
+        if args.engine_process or args.data_parallel_size:
             kv_tokens = engine.runner.num_blocks * engine.runner.block_size
             del engine, log  # freed before the child loads: its weights and cache would halve the child's memory
-            async_engine, log = process_engine(args, config, kv_tokens), None
+            make = fleet_engine if args.data_parallel_size else process_engine
+            async_engine, log = make(args, config, kv_tokens), None
             engine = async_engine.engine
         else:
             async_engine = AsyncEngine(engine, max_waiting=config.engine.max_waiting)
@@ -326,11 +330,38 @@ def process_engine(args, config, kv_tokens: int):
     return build_async_engine(dataclasses.replace(config, engine=child, engine_process=True), args_factory(args))
 
 
+def fleet_engine(args, config, kv_tokens: int):
+    """The server's engine as a fleet of Ray replicas (each one engine like the offline one, its KV cache too)."""
+    import gc
+
+    import torch
+
+    from samebits.fleet.engine import FleetEngine
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    child = engine_config(args).replace(kv_cache_tokens=kv_tokens, max_waiting=config.engine.max_waiting,
+                                        data_parallel_size=args.data_parallel_size)
+    factory = args_factory(args)
+    make = functools.partial(replica_engine, factory) if factory else None
+    return FleetEngine(child, max_waiting=config.engine.max_waiting, max_waiting_tokens=config.max_waiting_tokens,
+                       make_engine=make)
+
+
+def replica_engine(factory, config):
+    """A replica's LLMEngine on the benchmark's random weights (picklable: it crosses to the Ray actor)."""
+    from samebits.engine.llm_engine import LLMEngine
+
+    return LLMEngine(config, loaded=factory())
+
+
 def measure(args, engine, url: str, load_s: float, offline: tuple | None, log: StepLog | None) -> dict:
-    vocab = engine.vocab_size if args.engine_process else engine.loaded.config.vocab_size
+    fresh = args.engine_process or args.data_parallel_size  # the engine is elsewhere: read through its view
+    vocab = engine.vocab_size if fresh else engine.loaded.config.vocab_size
     reqs = make_requests(args, vocab, engine.max_model_len)
     asyncio.run(fire(url, [{**reqs[0], "max_tokens": 4}], 1))  # warm-up: first-call allocations, graph capture
-    if args.engine_process:  # a fresh engine: warm it at every shape, as the offline runs warmed the thread's
+    if fresh:  # a fresh engine: warm it at every shape, as the offline runs warmed the thread's
         fire_elsewhere(url, warm_up_requests(reqs, vocab), args.concurrency or len(reqs))
     results, wall, start = fire_elsewhere(url, reqs, args.concurrency or len(reqs))
     # The engine process's steps are not logged here (they run in the child); the wall time says what they cost.
@@ -361,7 +392,8 @@ def main(argv=None) -> int:
         report = run(args)
     finally:
         sys.setswitchinterval(default)
-    name = "server_bench" + (".process" if args.engine_process else "")
+    name = "server_bench" + (".process" if args.engine_process else "") + (
+        f".dp{args.data_parallel_size}" if args.data_parallel_size else "")
     path = args.out / (f"{name}.si{args.switch_interval}.json" if args.switch_interval else f"{name}.json")
     path.write_text(json.dumps(report, indent=2) + "\n")
     s = report["solo"]

@@ -121,7 +121,9 @@ class ReplayEngine:
     def validate(self, prompt_token_ids, params, where="prompt") -> None:
         pass
 
-    def add_request(self, request_id, prompt_token_ids, params, prompt=None) -> None:
+    def add_request(self, request_id, prompt_token_ids, params, prompt=None, resume=None) -> None:
+        if resume is not None:
+            raise ValueError("resume: the replay engine continues no sent output")
         ids = replay_tokens(list(prompt_token_ids), params.max_tokens, self.vocab)
         samples = []
         for _ in range(params.n):

@@ -367,6 +367,11 @@ SERVE_HELP = {
     "seed": "Seed of the server's seed stream for requests that send none.",
     "async_scheduling": "Launch step N+1 before step N is read back (default: on for CUDA, off on the CPU).",
     "tensor_parallel_size": "Ranks (processes, one GPU each on CUDA) the model is sharded over: 1, 2, 4 or 8.",
+    "data_parallel_size": "Engine replicas behind this one endpoint (Ray actors, one device each; on a CPU, "
+                          "threads of their own); every replica gives the same bits (docs/FLEET.md).",
+    "data_parallel_backend": "Where the replicas run: ray (the default, and the only backend, when "
+                             "--data-parallel-size > 1).",
+    "ray_address": "A running Ray cluster to join (`ray start --head`'s address); default: a local one.",
     "all_reduce": "Row-parallel sum across ranks: ordered (fixed order), native (NCCL's/gloo's own), or invariant "
                   "(TP-invariant mode: the same bits at every tensor-parallel size; docs/TP.md).",
     "quantization": "fp8: FP8 weights and per-token activations (a dense checkpoint quantised at load); "

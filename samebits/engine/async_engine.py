@@ -28,7 +28,7 @@ from samebits.engine.scheduler import QueueFull
 __all__ = ["ENGINE_COMMANDS", "AsyncEngine", "EngineDead", "QueueFull", "RequestTooLarge", "engine_command"]
 
 # What the server runs on the engine between steps, by name: a name crosses to an engine process, a closure cannot.
-ENGINE_COMMANDS = ("update_weights",)
+ENGINE_COMMANDS = ("update_weights", "restore_weights", "forget_previous_weights")
 
 
 class EngineDead(RuntimeError):
@@ -115,9 +115,9 @@ def engine_command(name: str) -> Callable:
     """The function `fn(engine, *args)` named `name` in ENGINE_COMMANDS; ValueError naming the known ones."""
     if name not in ENGINE_COMMANDS:
         raise ValueError(f"unknown engine command {name!r}; the engine runs {list(ENGINE_COMMANDS)}")
-    from samebits.engine.weights import update_weights
+    from samebits.engine import weights
 
-    return {"update_weights": update_weights}[name]
+    return getattr(weights, name)
 
 
 def waiting_cost(num_prompt_tokens: int, params) -> tuple[int, int]:
@@ -170,6 +170,10 @@ class AsyncEngine:
         alive = self._thread is None or self._thread.is_alive()
         return alive and self.error is None and not self._stopping
 
+    def health(self) -> dict:
+        """What /health adds to its status: nothing for one engine (a fleet lists its replicas, fleet/engine.py)."""
+        return {}
+
     @property
     def num_waiting(self) -> int:
         """Requests admitted here that have not produced their first output yet."""
@@ -201,9 +205,10 @@ class AsyncEngine:
 
     # ---- event-loop side -------------------------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt_token_ids: list[int], params, prompt: str | None = None, *,
-                       final_only: bool = False) -> AsyncIterator:
+                       final_only: bool = False, resume=None) -> AsyncIterator:
         """Yield the request's cumulative RequestOutput as it progresses; the last has `finished` set.
-        `final_only` yields just that last one (a non-streamed response): the engine builds no other.
+        `final_only` yields just that last one (a non-streamed response): the engine builds no other. `resume`: the
+        samples as another engine sent them (LLMEngine.add_request).
 
         Raises ValueError (from the engine, naming the field) before the first output, QueueFull, or EngineDead.
         Closing the iterator early aborts the request and frees its KV blocks.
@@ -213,7 +218,8 @@ class AsyncEngine:
             params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
         added = finished = False
         try:
-            await asyncio.wrap_future(self._submit("add", request_id, list(prompt_token_ids), params, prompt))
+            await asyncio.wrap_future(self._submit("add", request_id, list(prompt_token_ids), params, prompt,
+                                                   resume))
             added = True
             self.counters.prompt_tokens += len(prompt_token_ids)
             self.counters.requests_added += 1
@@ -340,8 +346,8 @@ class AsyncEngine:
         result = None
         try:
             if kind == "add":
-                request_id, ids, params, prompt = args
-                self.engine.add_request(request_id, ids, params, prompt=prompt)
+                request_id, ids, params, prompt, resume = args
+                self.engine.add_request(request_id, ids, params, prompt=prompt, resume=resume)
             elif kind == "call":
                 result = args[0](self.engine)
             else:

@@ -18,6 +18,9 @@ ALL_REDUCE_ROUTES = ("ordered", "native", "invariant")
 # prefill 1.2x faster on the H200 than 16-token pages (docs/BENCHMARKS.md section 3). The bits never depend on it.
 BLOCK_SIZES = {"cuda": 64}
 OTHER_BLOCK_SIZE = 16
+# Where data-parallel replicas run (samebits/fleet, docs/FLEET.md): Ray actors. vLLM's other backend, "mp", is not
+# offered: Ray already places, restarts and reaches replicas on one host or many.
+DATA_PARALLEL_BACKENDS = ("ray",)
 
 
 def _is_int(value) -> bool:
@@ -57,6 +60,10 @@ class EngineConfig:
     max_waiting: int | None = None
     tensor_parallel_size: int = 1
     all_reduce: str = "ordered"
+    # Engine replicas behind one front end (samebits/fleet): each a whole engine, so the bits never depend on it.
+    data_parallel_size: int = 1
+    data_parallel_backend: str | None = None  # None: "ray" when data_parallel_size > 1
+    ray_address: str | None = None  # a running cluster (`ray start --head`) to join; None: a local one
     quantization: str | None = None  # samebits.dtypes QUANTIZATIONS; None: the checkpoint's own (dense or FP8)
 
     def __post_init__(self) -> None:
@@ -76,6 +83,12 @@ class EngineConfig:
                  f"tensor_parallel_size must be one of {TP_SIZES}, got {self.tensor_parallel_size!r}")
         _require(self.all_reduce in ALL_REDUCE_ROUTES,
                  f"all_reduce must be one of {ALL_REDUCE_ROUTES}, got {self.all_reduce!r}")
+        backend = self.data_parallel_backend
+        _require(backend is None or backend in DATA_PARALLEL_BACKENDS,
+                 f"data_parallel_backend must be None or one of {DATA_PARALLEL_BACKENDS}, got {backend!r}")
+        address = self.ray_address
+        _require(address is None or (isinstance(address, str) and address != ""),
+                 f"ray_address must be None or a non-empty str, got {address!r}")
         seed_ok = self.seed is None or (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT)
         _require(seed_ok, f"seed must be None or an int in [0, 2**63), got {self.seed!r}")
 
@@ -84,6 +97,10 @@ class EngineConfig:
         _int_at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _int_at_least("max_model_len", self.max_model_len, 2, optional=True)
         _int_at_least("max_waiting", self.max_waiting, 1, optional=True)
+        _int_at_least("data_parallel_size", self.data_parallel_size, 1)
+        # A replica of several ranks would need its GPUs placed as one group (docs/FLEET.md); not yet.
+        _require(self.data_parallel_size == 1 or self.tensor_parallel_size == 1,
+                 f"data_parallel_size > 1 needs tensor_parallel_size=1, got {self.tensor_parallel_size}")
         bs = self.block_size
         # Paged-attention kernels tile a block with power-of-two loads.
         _require(bs is None or (_is_int(bs) and 1 <= bs <= 1024 and bs & (bs - 1) == 0),

@@ -233,7 +233,7 @@ def child_main(config: EngineConfig, loaded: Callable[[], Any] | None, make_engi
             # them instead of walking them again between steps (as the server's process does, server/app.py).
             gc.freeze()
             outputs.send(("ready", engine.info(), engine.tokenizer, engine.fingerprint(), engine.stats()))
-            _serve(engine, commands, outputs)
+            serve_commands(engine, commands, outputs)
     except (EOFError, BrokenPipeError):
         pass  # the server is gone, however it ended
     except BaseException as e:  # noqa: BLE001 - the server must hear why, then this process ends
@@ -241,8 +241,10 @@ def child_main(config: EngineConfig, loaded: Callable[[], Any] | None, make_engi
             outputs.send(("dead", f"{type(e).__name__}: {e}", traceback.format_exc()))
 
 
-def _serve(engine, commands, outputs) -> None:
-    """Commands in order between steps, as AsyncEngine's thread applies them; a step while any request is open."""
+def serve_commands(engine, commands, outputs) -> None:
+    """Commands in order between steps, as AsyncEngine's thread applies them; a step while any request is open.
+    `commands`: poll(timeout)/recv(); `outputs`: send(message): this process's pipes, or a fleet replica's queues
+    (samebits/fleet/replica.py)."""
     encoder = DeltaEncoder()
     while True:
         # Every command already sent first; waiting for one only while there is nothing to step.
@@ -261,8 +263,8 @@ def _apply(engine, encoder: DeltaEncoder, kind: str, command_id: int, args: tupl
     error = result = None
     try:
         if kind == "add":
-            request_id, ids, params, prompt = args
-            engine.add_request(request_id, ids, params, prompt=prompt)
+            request_id, ids, params, prompt, resume = args
+            engine.add_request(request_id, ids, params, prompt=prompt, resume=resume)
             return "done", command_id, None, None, None, None
         if kind == "abort":
             encoder.forget(args[0])

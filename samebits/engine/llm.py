@@ -13,6 +13,14 @@ from samebits.engine.sampling_params import RequestOutputKind, SamplingParams, c
 
 
 class LLM:
+    def __new__(cls, model: str = "smollm2-135m", **engine_kwargs):
+        # data_parallel_size > 1: replicas behind a router (samebits/fleet/llm.py), the same calls and bits.
+        if cls is LLM and engine_kwargs.get("data_parallel_size", 1) > 1:
+            from samebits.fleet.llm import FleetLLM
+
+            return super().__new__(FleetLLM)
+        return super().__new__(cls)
+
     def __init__(self, model: str = "smollm2-135m", **engine_kwargs):
         """`engine_kwargs` are EngineConfig fields (mode, device, dtype, max_num_seqs, ...); an unknown one is an
         error naming it."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from samebits.distributed import one_rank, parallel_numerics, runner_for
 from samebits.engine.config import EngineConfig
 from samebits.engine.output_processor import OutputProcessor
-from samebits.engine.outputs import EngineInfo, EngineStats, RequestOutput, StepProgress
+from samebits.engine.outputs import EngineInfo, EngineStats, RequestOutput, Resume, StepProgress
 from samebits.engine.sampling_params import SamplingParams, check_prompt
 from samebits.engine.scheduler import ScheduledSeq, Scheduler
 from samebits.engine.seeds import SeedStream
@@ -69,12 +69,19 @@ class LLMEngine:
         check_prompt(prompt_token_ids, params, self.loaded.config.vocab_size, self.max_model_len, where)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None = None) -> None:
+                    prompt: str | None = None, resume: Resume | None = None) -> None:
+        """`resume`: the request's samples as another engine already sent them (a fleet's failover,
+        samebits/fleet/engine.py): each sample starts with its sent tokens, teacher-forced in the prefill as a
+        preempted sequence's are recomputed, and decodes on from there with the same draws (seed, sample index,
+        position); its outputs are cumulative from the first sent token."""
         prompt_token_ids = list(prompt_token_ids)
         self.validate(prompt_token_ids, params)
         seed = params.seed if params.seed is not None else self.draw_seed()
+        if resume is not None:
+            resume.check(params, seed)
         seqs = self.scheduler.add_request(request_id, prompt_token_ids, params, seed)
-        self.processor.add_request(request_id, prompt, prompt_token_ids, seed, seqs)
+        for finish in self.processor.add_request(request_id, prompt, prompt_token_ids, seed, seqs, resume):
+            self.scheduler.finish(finish)
         self.prompt_tokens += len(prompt_token_ids) * len(seqs)
 
     def abort_request(self, request_id: str) -> None:

@@ -7,6 +7,7 @@ scheduler then applies the returned `Finish` decisions once (`Scheduler.apply`).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from samebits.engine.outputs import (
     PromptLogprobs,
     PromptStepResult,
     RequestOutput,
+    Resume,
     StepProgress,
     StepResult,
 )
@@ -102,9 +104,34 @@ class OutputProcessor:
         self.progress: list[StepProgress] = []  # the last outputs()'s, of every request it covered
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], seed: int,
-                    seqs: list[Sequence]) -> None:
+                    seqs: list[Sequence], resume: Resume | None = None) -> list[Finish]:
+        """Open the request's outputs; with `resume`, each sample starts where it was sent (its tokens appended to
+        its sequence, to be teacher-forced) and a sample that had finished is returned as a Finish to apply."""
         self.requests[request_id] = _Request(prompt, prompt_token_ids, seed, seqs)
         self.samples.update((s.seq_id, _SampleOutput()) for s in seqs)
+        if resume is None:
+            return []
+        finishes = (self._resume(s, resume.samples[s.sample_index]) for s in seqs)
+        return [f for f in finishes if f is not None]
+
+    def _resume(self, seq: Sequence, sent: CompletionOutput) -> Finish | None:
+        sample, n = self.samples[seq.seq_id], len(sent.token_ids)
+        # A request that asked for no logprobs shows none: the placeholders keep each list as long as the tokens and
+        # are never read. The cumulative logprob is the sender's own sum, so the next token adds to the same bits.
+        sample.logprobs = list(sent.token_logprobs) if sent.token_logprobs is not None else [math.nan] * n
+        sample.top_logprobs = list(sent.top_logprobs) if sent.top_logprobs is not None else [{}] * n
+        sample.cumulative_logprob = sent.cumulative_logprob
+        if sent.finish_reason is not None:
+            seq.token_ids += sent.token_ids
+            sample.text = sent.text
+            return Finish(seq, sent.finish_reason, sent.stop_reason)
+        for token in sent.token_ids:  # the detokenizer's window as it stood after each token was taken
+            seq.token_ids.append(token)
+            self._detokenize(seq, sample, flush=False)
+        if sample.text != sent.text:
+            raise ValueError(f"resume: sample {seq.sample_index}'s tokens decode to {sample.text[-40:]!r}, the sent "
+                             f"text ends {sent.text[-40:]!r}")
+        return None
 
     def forget(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)

@@ -181,6 +181,35 @@ class RequestOutput:
     first_scheduled_time: float | None = None
 
 
+@dataclass(frozen=True)
+class Resume:
+    """A request's samples as one engine sent them before it was lost, to be continued on another
+    (LLMEngine.add_request's `resume`): each sample's tokens so far, their logprobs, cumulative logprob and text, and
+    how it finished if it did. Plain lists: it crosses processes."""
+
+    seed: int
+    samples: tuple[CompletionOutput, ...]
+
+    @classmethod
+    def of(cls, out: RequestOutput) -> Resume:
+        def copy(c: CompletionOutput) -> CompletionOutput:
+            def listed(xs):
+                return None if xs is None else list(xs)
+
+            return CompletionOutput(c.index, c.text, list(c.token_ids), listed(c.token_logprobs),
+                                    listed(c.top_logprobs), c.cumulative_logprob, c.finish_reason, c.stop_reason)
+
+        return cls(out.seed, tuple(copy(c) for c in out.outputs))
+
+    def check(self, params, seed: int) -> None:
+        """ValueError unless this continues a request with these params and seed (the draws are keyed by it)."""
+        if seed != self.seed or len(self.samples) != params.n:
+            raise ValueError(f"resume: the sent output has seed {self.seed} and {len(self.samples)} samples, the "
+                             f"request seed {seed} and n={params.n}")
+        if all(c.finish_reason is not None for c in self.samples):
+            raise ValueError("resume: every sample has finished; nothing is left to continue")
+
+
 class StepProgress(NamedTuple):
     """How far one step advanced one request, whether or not its output was due (a FINAL_ONLY request's is not until
     it finishes): what the server counts tokens and latencies by. Picklable, a few scalars."""

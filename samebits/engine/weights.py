@@ -28,11 +28,12 @@ class EngineBusy(RuntimeError):
     """Requests are in flight: new weights would change them midway."""
 
 
-def update_weights(engine, source, version: str | None = None) -> str:
+def update_weights(engine, source, version: str | None = None, keep_previous: bool = False) -> str:
     """Copy `source` into `engine`'s model; returns the weights version now in the fingerprint (`version`, or a
-    digest of the new weights)."""
-    if engine.has_unfinished_requests():
-        raise EngineBusy("update_weights: requests are in flight; update between rollout batches")
+    digest of the new weights). `keep_previous`: hold a host copy of the weights replaced, until
+    `restore_weights` puts them back or `forget_previous_weights` drops them (a fleet's update is all replicas or
+    none: samebits/fleet/engine.py)."""
+    _check_idle(engine, "update_weights")
     if engine.config.tensor_parallel_size > 1:  # the runner's model is rank 0's shard, the workers hold the rest
         raise WeightsError(f"update_weights: tensor_parallel_size={engine.config.tensor_parallel_size} is not "
                            "supported yet; only tensor_parallel_size=1")
@@ -42,16 +43,47 @@ def update_weights(engine, source, version: str | None = None) -> str:
     if model.recipe is not None:  # its linears are e4m3 with scales (models/fp8.py), not a trainer's weights
         raise WeightsError("update_weights: FP8 models are not supported; serve the dense checkpoint to sync weights")
     pairs = plan(model, tensors_of(source))
-    with torch.no_grad():
-        for dest, tensor in pairs:
-            dest.copy_(tensor)
-    engine.scheduler.reset_prefix_cache()
+    previous = [(dest, dest.detach().to("cpu", copy=True)) for dest, _ in pairs] if keep_previous else None
+    _copy(engine, pairs)
     # The load-time digest's function, so updating to the weights loaded names them as the load did.
     version = version or weights_digest(model.named_parameters())
     from samebits.runtime.fingerprint import with_fields
 
-    engine._fingerprint = with_fields(engine.fingerprint(), weights=version)
+    old = engine.fingerprint()
+    engine._fingerprint = with_fields(old, weights=version)
+    engine._previous_weights = None if previous is None else (previous, old)
     return version
+
+
+def restore_weights(engine) -> str | None:
+    """Put back the weights that the last `update_weights(keep_previous=True)` replaced, and their fingerprint;
+    returns their version."""
+    _check_idle(engine, "restore_weights")
+    kept = getattr(engine, "_previous_weights", None)
+    if kept is None:
+        raise WeightsError("restore_weights: no update kept the weights it replaced (keep_previous=True)")
+    pairs, fingerprint = kept
+    _copy(engine, pairs)
+    engine._fingerprint, engine._previous_weights = fingerprint, None
+    return fingerprint.get("weights")
+
+
+def forget_previous_weights(engine) -> None:
+    """Drop the copy `update_weights(keep_previous=True)` kept: the update stands."""
+    engine._previous_weights = None
+
+
+def _check_idle(engine, what: str) -> None:
+    if engine.has_unfinished_requests():
+        raise EngineBusy(f"{what}: requests are in flight; update between rollout batches")
+
+
+def _copy(engine, pairs) -> None:
+    """Copy each source into its destination in place, then drop the prefix cache (its KV is the old model's)."""
+    with torch.no_grad():
+        for dest, tensor in pairs:
+            dest.copy_(tensor)
+    engine.scheduler.reset_prefix_cache()
 
 
 def tensors_of(source) -> dict[str, torch.Tensor]:

@@ -121,7 +121,7 @@ def _add_ops_routes(app: FastAPI, state: ServerState) -> None:
     async def health() -> Response:
         if not state.ae.healthy:
             return error_response(engine_dead())
-        return json_response({"status": "ok"}, {})
+        return json_response({"status": "ok", **state.ae.health()}, {})
 
     @app.get("/version")
     async def version() -> Response:

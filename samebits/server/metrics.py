@@ -38,6 +38,25 @@ class _EngineCollector:
     def collect(self) -> Iterable:
         yield from self._gauges()
         yield from self._counters()
+        yield from self._replicas(self.ae.health().get("replicas", ()))
+
+    def _replicas(self, replicas) -> Iterable:
+        """A fleet's replicas (fleet/engine.py), one series each under the `replica` label."""
+        if not replicas:
+            return
+        series = (
+            (GaugeMetricFamily, "replica_up", "1 while the replica serves.", lambda r: float(r["state"] == "up")),
+            (GaugeMetricFamily, "replica_outstanding_tokens", "Tokens routed to the replica, not yet done.", lambda r: r["outstanding_tokens"]),
+            (GaugeMetricFamily, "replica_requests_running", "Requests on the replica.", lambda r: r["requests"]),
+            (CounterMetricFamily, "replica_requests_routed", "Requests routed to the replica.", lambda r: r["routed"]),
+            (CounterMetricFamily, "replica_restarts", "Times the replica was lost and restarted.",
+             lambda r: r["restarts"]),
+        )
+        for kind, name, doc, value in series:
+            family = kind(PREFIX + name, doc, labels=[MODEL_LABEL, "replica"])
+            for r in replicas:
+                family.add_metric([self.model_name, str(r["replica"])], value(r))
+            yield family
 
     def _gauges(self) -> Iterable:
         s, ae = self.ae.stats, self.ae

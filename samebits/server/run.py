@@ -162,6 +162,13 @@ async def _collect(state: ServerState, job: Job) -> list:
     return [last[i] for i in range(len(job.subs))]
 
 
+def _named_by(job: Job, out) -> None:
+    """The response's system_fingerprint is the engine's that computed it, as its output says: a weight update
+    (server/admin.py) between the request's parsing and its run cannot leave the old version's name on it."""
+    if isinstance(out.fingerprint, str):
+        job.meta.system_fingerprint = out.fingerprint
+
+
 def _job_headers(job: Job) -> dict[str, str]:
     return {"X-Samebits-Seed": str(job.meta.seed)}
 
@@ -174,21 +181,17 @@ async def respond(state: ServerState, request: Request, job: Job, stream: bool) 
     except ClientGone:
         state.metrics.disconnects.inc()
         return Response(status_code=STATUS_CLIENT_GONE)
+    _named_by(job, outs[0])
     body = (text_body if job.kind == "text" else chat_body)(state, job, outs)
     return json_response(body, _job_headers(job))
 
 
 async def _respond_stream(state: ServerState, request: Request, job: Job) -> Response:
-    writer = StreamWriter(state, job)
     if len(job.subs) == 1:  # the engine's own iterator: no generator between it and the stream's loop
         sub = job.subs[0]
         outputs = state.ae.generate(sub.request_id, sub.ids, job.params, prompt=sub.text)
-        feed = functools.partial(writer.feed, 0)
     else:
         outputs = _outputs(state, job)
-
-        def feed(pair):
-            return writer.feed(*pair)
     try:
         # The first output is awaited before the 200 goes out, so a full queue or a bad request gets its status code.
         first = await race_disconnect(outputs.__anext__(), request.receive)
@@ -200,4 +203,11 @@ async def _respond_stream(state: ServerState, request: Request, job: Job) -> Res
         raise aborted() from None
     except Exception as e:  # noqa: BLE001 - every engine-side error becomes an HTTP error
         raise map_error(e) from None
+    _named_by(job, first if len(job.subs) == 1 else first[1])
+    writer = StreamWriter(state, job)  # after the first output: every chunk carries its engine's fingerprint
+    if len(job.subs) == 1:
+        feed = functools.partial(writer.feed, 0)
+    else:
+        def feed(pair):
+            return writer.feed(*pair)
     return SSEResponse(writer, first, outputs, feed, _job_headers(job), state.metrics.disconnects.inc)

@@ -40,6 +40,11 @@ def build_async_engine(config: ServerConfig, loaded=None):
     (None: load `config.engine.model`)."""
     from samebits.models.loader import default_device
 
+    if config.engine.data_parallel_size > 1:
+        from samebits.fleet.engine import FleetEngine
+
+        return FleetEngine(config.engine, max_waiting=config.engine.max_waiting,
+                           max_waiting_tokens=config.max_waiting_tokens)
     if config.uses_engine_process(config.engine.device or default_device()):
         from samebits.engine.engine_process import ProcessAsyncEngine
 
@@ -104,6 +109,8 @@ def startup_line(engine, config: ServerConfig, url: str) -> str:
     dtype = str(info.dtype).removeprefix("torch.")
     fp = engine.fingerprint()
     where = "its own process" if config.uses_engine_process(info.device) else "a thread"
+    if config.engine.data_parallel_size > 1:
+        where = f"{config.engine.data_parallel_size} replicas on Ray"
     return (f"serving {config.model_name!r} on {url}: model {info.model_name} ({source}), mode {info.mode}, "
             f"dtype {dtype}, device {info.device} (engine in {where}), context {info.max_model_len} tokens, "
             f"KV cache {blocks} blocks x {block} = {blocks * block} tokens, weights {fp.get('weights')}, "

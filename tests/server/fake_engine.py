@@ -85,7 +85,8 @@ class FakeLLMEngine:
             raise ValueError(f"max_tokens {params.max_tokens} + prompt {len(prompt_token_ids)} exceeds "
                              f"max_model_len {self.max_model_len}")
 
-    def add_request(self, request_id, prompt_token_ids, params, prompt=None) -> None:
+    def add_request(self, request_id, prompt_token_ids, params, prompt=None, resume=None) -> None:
+        assert resume is None, "the fake engine continues no sent output"
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} already exists")
         self.validate(prompt_token_ids, params)

@@ -201,9 +201,9 @@ def test_shutdown_fails_waiting_requests_instead_of_hanging():
 class KindRecorder(FakeLLMEngine):
     """Records the output kind each request reached the engine with."""
 
-    def add_request(self, request_id, prompt_token_ids, params, prompt=None) -> None:
+    def add_request(self, request_id, prompt_token_ids, params, prompt=None, resume=None) -> None:
         self.kinds = {**getattr(self, "kinds", {}), request_id: params.output_kind}
-        super().add_request(request_id, prompt_token_ids, params, prompt)
+        super().add_request(request_id, prompt_token_ids, params, prompt, resume)
 
 
 def test_final_only_yields_just_the_last_output_and_hooks_fire():

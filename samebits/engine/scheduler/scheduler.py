@@ -119,6 +119,10 @@ class Scheduler:
             self._finish(Finish(seq, "abort"))
         return seqs
 
+    def finish(self, finish: Finish) -> None:
+        """Apply a finish decided outside a step: a resumed sample that had already finished (LLMEngine.add_request)."""
+        self._finish(finish)
+
     def _finish(self, finish: Finish) -> None:
         seq = finish.seq
         if seq.is_finished:  # aborted in the same step: the abort stands
