@@ -1,9 +1,9 @@
 """Tiny random FP8 checkpoints in the formats users have, written from a dense tiny model (models/testing.py), and
 their dequantised twins, for tests.
 
-`write_tiny_fp8_checkpoint(path, fmt)`: the dense tiny checkpoint's weights, each decoder linear quantised the way
-that format's tools do (amax / 448 scales per block, row or tensor; e4m3 values nearest-even), with its config's
-`quantization_config`. `write_dequantized_checkpoint(fp8_path, path)`: the same model with every linear weight
+`write_tiny_fp8_checkpoint(path, fmt)`: the tiny dense model's weights in bf16 (what FP8 checkpoints are made from),
+each decoder linear quantised the way that format's tools do (amax / 448 scales per block, row or tensor; e4m3 values
+nearest-even), the rest kept in bf16, with its config's `quantization_config`. `write_dequantized_checkpoint(fp8_path, path)`: the same model with every linear weight
 e4m3 x scale in float32 and no quantisation, the "dequantised model" an FP8 model is compared with. Same (fmt,
 variant, seed, overrides) -> same bytes.
 """
@@ -66,10 +66,10 @@ def write_tiny_fp8_checkpoint(path, fmt: str = "block", variant: str = "qwen3", 
     if fmt not in FORMATS:
         raise ValueError(f"unknown fmt {fmt!r}; choose from {sorted(FORMATS)}")
     qc, layout, scale_name, _ = FORMATS[fmt]
-    hf = tiny_hf_config(variant, **overrides)
+    hf = {**tiny_hf_config(variant, **overrides), "torch_dtype": "bfloat16"}
     config = ModelConfig.from_hf(hf)
     tensors = {}
-    for name, w in sorted(random_weights(config, seed).items()):
+    for name, w in sorted(random_weights(config, seed, torch.bfloat16).items()):
         if not is_linear_weight(name):
             tensors[name] = w
             continue
