@@ -6,9 +6,10 @@ Checkpoint formats (config.json `quantization_config`):
   weights and `weight_scale_inv` per block (a multiplier, despite its name), activations dynamic per token and
   128-wide group; without a block size (vLLM's and AutoFP8's files), `weight_scale` per tensor and, with
   `activation_scheme: "static"`, `input_scale` per tensor; `"dynamic"` there is per-tensor dynamic (vLLM's reading).
-- `quant_method: "compressed-tensors"` (llm-compressor's FP8, FP8_DYNAMIC, FP8_BLOCK schemes): one config group over
-  the Linear layers, `float` 8-bit symmetric weights per channel, tensor or 128x128 block (`weight_scale`), input
-  activations per token (dynamic), per tensor (static `input_scale`, or dynamic) or per 128-group (dynamic).
+- `quant_method: "compressed-tensors"`, `format: "float-quantized"` (llm-compressor's FP8, FP8_DYNAMIC, FP8_BLOCK
+  schemes): one config group over the Linear layers, `float` 8-bit symmetric weights per channel, tensor or 128x128
+  block (`weight_scale`), input activations per token (dynamic), per tensor (static `input_scale`, or dynamic) or per
+  128-group (dynamic).
 
 The flag (`EngineConfig.quantization`, `--quantization`): "fp8" quantises a dense checkpoint at load (per output row
 weight scales, per-token activation scales: llm-compressor's FP8_DYNAMIC recipe); with an FP8 checkpoint it keeps the
@@ -135,7 +136,7 @@ def _hf_fp8(qc: dict) -> Quantization:
 
 def _compressed(qc: dict) -> Quantization:
     fmt = qc.get("format")
-    if fmt not in ("float-quantized", "naive-quantized"):
+    if fmt != "float-quantized":
         raise _unsupported("format", fmt, "only FP8 ('float-quantized') compressed-tensors checkpoints are supported")
     if qc.get("kv_cache_scheme"):
         raise _unsupported("kv_cache_scheme", qc["kv_cache_scheme"], "the KV cache stays in the model dtype")

@@ -186,3 +186,10 @@ def test_8b_shaped_fp8_model_runs_batch_invariantly():
     assert float((steps - full).abs().max()) <= 0.05 * float(full.abs().max())
     del model
     torch.cuda.empty_cache()
+
+
+def test_an_fp8_model_is_not_a_policy(tmp_path):
+    from samebits.rl.policy import Policy
+
+    with pytest.raises(ValueError, match="FP8 models are not trainable"):
+        Policy.from_pretrained(write_tiny_fp8_checkpoint(tmp_path / "c", "channel"), device="cpu")
