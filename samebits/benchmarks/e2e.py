@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from samebits.diagnostics.bench.bound import of_roofline, workload_bound
+from samebits.diagnostics.bench.bound import of_roofline, weights_dtype, workload_bound
 from samebits.diagnostics.bench.config import MAX_NUM_BATCHED_TOKENS
 from samebits.diagnostics.bench.invariance import picks
 from samebits.diagnostics.bench.load import run_load
@@ -125,9 +125,7 @@ def main() -> None:
     for quant in args.quantization.split(","):
         loaded = random_shape_model(args.shape, DEVICE, None if quant == "none" else quant)
         prefix = "" if quant == "none" else f"{quant} "
-        # The roofline counts weights in the model dtype: the dense model's only.
-        bound = workload_bound(loaded.config, work, loaded.model.dtype, DEVICE, max_num_seqs=256) \
-            if quant == "none" else {"total_s": None}
+        bound = workload_bound(loaded.config, work, weights_dtype(loaded.model), DEVICE, max_num_seqs=256)
         report.setdefault("roofline", bound)
         report["weights_floor_ms" if quant == "none" else f"{quant}_weights_floor_ms"] = weights_floor_ms(loaded)
         for mode, policy in (run.split("/") for run in args.modes.split(",")):
@@ -181,7 +179,7 @@ def print_table(report: dict) -> None:
     Console().print(steps_table(report["modes"]))
     r = report["roofline"]
     bound = (f"roofline {r['total_s']:.2f} s (prefill {r['prefill_s']:.2f}, decode {r['decode_s']:.2f})"
-             if r["total_s"] is not None else f"roofline n/a ({r.get('reason', 'FP8 only')})")
+             if r["total_s"] is not None else f"roofline n/a ({r['reason']})")
     nan = float("nan")
     print(f"{bound}; weights floor {report.get('weights_floor_ms', nan):.2f} ms; "
           f"deterministic tax {report.get('deterministic_tax', nan):.1%}; "

@@ -326,6 +326,7 @@ BENCH_HELP = {
     "seed": "Seed of the workload and of each request's sampling.",
     "max_num_batched_tokens": "Token budget of one engine step (vLLM's flag); longer prompts are prefilled in chunks.",
     "warm": "Run the whole workload once untimed first (compiles and graph captures behind it), then time it.",
+    "quantization": "The model's linears in FP8, as serve's --quantization (fp8, fp8_per_tensor; docs/FP8.md).",
 }
 BENCH_FLAGS = field_flags(BenchConfig(), BENCH_HELP) + [
     flag("json_path", None, Path | None, "Write the full report as JSON.")]
