@@ -9,8 +9,8 @@ A linear's FP8 recipe says how its weights carry their scales and how its activa
   max of the whole batch / 448, which makes a row's quantised values depend on its neighbours: fast mode only.
 
 The numbers are kernels/configs.py "fp8". Every backend quantises activations to exactly the bits of
-`quantize_activations` (scales are powers of two: applying one is exact) and sums K in steps of K_STEP added in K
-order; how a step's products are summed is the device's (the GPU's tensor cores, the CPU's proven MKL blocks).
+`quantize_activations` (the per-row scales are powers of two: applying one is exact) and sums K in steps of K_STEP
+added in K order; how a step's products are summed is the device's (the GPU's tensor cores, the CPU's proven MKL blocks).
 `reference_linear` is the exact value of the recipe (each step's sum in float64, where it is exact), which the
 kernels' tests compare against; `dequantized_linear` is the vendor form (fast mode on the CPU).
 """
