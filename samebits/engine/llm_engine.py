@@ -24,7 +24,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, loaded=None):
         from samebits.models import load_model
 
-        self.loaded = one_rank(config, loaded or load_model(config.model, config.mode, config.device, config.dtype))
+        self.loaded = one_rank(config, loaded or load_model(config.model, config.mode, config.device, config.dtype,
+                                                            quantization=config.quantization))
         self.config = config = config.on_device(self.loaded.model.device.type)
         self.tokenizer = self.loaded.tokenizer
         self.model_name = self.loaded.name

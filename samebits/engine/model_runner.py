@@ -134,14 +134,17 @@ def prove_routes(model) -> None:
         return
     weights = model.gemm_weights()
     if model.device.type == "cuda":
+        from samebits.kernels import vendor_fp8
         from samebits.kernels.vendor_gemm import prove_weights
 
         prove_weights(weights)
+        vendor_fp8.prove_weights(weights)
         torch.cuda.empty_cache()
     else:
-        from samebits.kernels.cpu import attention, gemm
+        from samebits.kernels.cpu import attention, fp8, gemm
 
         gemm.prove_weights(weights)
+        fp8.prove_weights(weights)
         attention.prove(model.config.head_dim)
 
 

@@ -112,6 +112,7 @@ NON_DEFAULT_FLAGS = {
     "async_scheduling": ["--no-async-scheduling"],
     "seed": ["--seed", "7"], "max_waiting": ["--max-waiting", "5"],
     "tensor_parallel_size": ["--tensor-parallel-size", "2"], "all_reduce": ["--all-reduce", "native"],
+    "quantization": ["--quantization", "fp8"],
     "host": ["--host", "0.0.0.0"], "port": ["--port", "9"], "api_keys": ["--api-key", "a", "--api-key", "b"],
     "served_model_name": ["--served-model-name", "s"], "max_n": ["--max-n", "2"], "max_logprobs": ["--max-logprobs", "3"],
     "max_prompts": ["--max-prompts", "4"], "max_stop": ["--max-stop", "5"], "max_body_bytes": ["--max-body-bytes", "6"],
