@@ -21,6 +21,8 @@ SUPPORTED = {
     "qwen2_moe": ("Qwen2MoeForCausalLM",),
     "mixtral": ("MixtralForCausalLM",),
 }
+# quantization_config methods the loader reads (models/quantization.py: FP8 only).
+QUANT_METHODS = ("fp8", "compressed-tensors")
 # llama.cpp names; Mistral, SmolLM2 and Mixtral files say "llama"
 GGUF_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe")
 _GGUF_MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}  # llama with experts: mixtral
@@ -199,9 +201,10 @@ def _reject_hf_features(cfg: Mapping[str, Any], model_type: str) -> None:
         raise UnsupportedModelError(f"unsupported feature hidden_act={act!r}; only 'silu' is implemented")
     if cfg.get("mlp_bias"):
         raise UnsupportedModelError("unsupported feature mlp_bias=true")
-    if cfg.get("quantization_config"):
-        method = cfg["quantization_config"].get("quant_method", "?")
-        raise UnsupportedModelError(f"unsupported feature quantization_config (quant_method={method!r})")
+    method = (cfg.get("quantization_config") or {}).get("quant_method", "?")
+    if cfg.get("quantization_config") and method not in QUANT_METHODS:
+        raise UnsupportedModelError(f"unsupported feature quantization_config (quant_method={method!r}); supported: "
+                                    f"{', '.join(QUANT_METHODS)} (FP8)")
 
 
 def _hf_attention_bias(cfg: Mapping[str, Any], model_type: str) -> bool:

@@ -64,20 +64,24 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, ops, dtype: torch.dtype = torch.float32):
+    recipe = None  # the FP8 recipe of the decoder's linears (models/fp8.py Fp8LlamaModel); None: dense
+
+    def __init__(self, config: ModelConfig, ops, dtype: torch.dtype = torch.float32, layer=DecoderLayer):
+        """`layer(config, dtype, device)`: one decoder layer's parameters (an FP8 model's own, models/fp8.py)."""
         super().__init__()
         self.config = config
         self.ops = ops
         device = ops.device
         self.embed_tokens = _empty((config.vocab_size, config.hidden_size), dtype, device)
-        self.layers = nn.ModuleList(self._make_layer(i, dtype, device) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(self._make_layer(i, layer, dtype, device) for i in range(config.num_layers))
         self.norm = _empty((config.hidden_size,), dtype, device)
         tied = config.tie_word_embeddings
         self.register_parameter("lm_head", None if tied else _empty((config.vocab_size, config.hidden_size), dtype, device))
         self.register_buffer("cos_sin", _rope_table(config, device), persistent=False)
 
-    def _make_layer(self, index: int, dtype: torch.dtype, device) -> DecoderLayer:
-        return DecoderLayer(self.config, dtype, device)
+    def _make_layer(self, index: int, layer, dtype: torch.dtype, device) -> DecoderLayer:
+        """Layer `index`: `layer`'s (models/moe.py makes a sparse layer's MLP its experts)."""
+        return layer(self.config, dtype, device)
 
     @property
     def dtype(self) -> torch.dtype:

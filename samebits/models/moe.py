@@ -52,10 +52,10 @@ class MoeDecoderLayer(DecoderLayer):
 
 
 class MoeModel(LlamaModel):
-    def _make_layer(self, index: int, dtype: torch.dtype, device) -> DecoderLayer:
+    def _make_layer(self, index: int, layer, dtype: torch.dtype, device) -> DecoderLayer:
         if self.config.moe.is_sparse(index):
             return MoeDecoderLayer(self.config, dtype, device)
-        return super()._make_layer(index, dtype, device)
+        return super()._make_layer(index, layer, dtype, device)
 
     def _mlp(self, layer: DecoderLayer, x):
         if not isinstance(layer, MoeDecoderLayer):

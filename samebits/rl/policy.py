@@ -32,6 +32,7 @@ class Policy(nn.Module):
 
     def __init__(self, model: LlamaModel, mode: str = "deterministic"):
         super().__init__()
+        _refuse_fp8(model)
         model.set_ops(TrainOps(get_ops(mode, model.device)))
         for p in model.parameters():
             p.requires_grad_(True)
@@ -66,6 +67,7 @@ class Policy(nn.Module):
     @classmethod
     def from_model(cls, source: LlamaModel, device=None, mode: str = "deterministic") -> Policy:
         """A trainable copy of a samebits model's weights (e.g. an engine's: `llm.engine.loaded.model`)."""
+        _refuse_fp8(source)
         model = build_model(source.config, get_ops(mode, device or source.device), source.dtype)
         with torch.no_grad():
             for mine, theirs in zip(model.parameters(), source.parameters(), strict=True):
@@ -126,3 +128,9 @@ class Policy(nn.Module):
                 raise ValueError(f"sequence {i}: {len(p) + len(c)} tokens exceed max_position_embeddings="
                                  f"{cfg.max_position_embeddings}")
 
+
+
+def _refuse_fp8(model: LlamaModel) -> None:
+    if model.recipe is not None:
+        raise ValueError("Policy: FP8 models are not trainable (their linears are e4m3 with scales, docs/FP8.md); "
+                         "train the dense checkpoint")

@@ -112,3 +112,11 @@ def test_qwen3moe_gguf_matches_transformers_gguf(tmp_path):
     model, tok, _ = load_gguf(path, get_ops("deterministic", "cpu"), torch.float32)
     prompts = [tok.encode(p) for p in PROMPTS[:3]]
     _assert_close(prefill_logits(model, prompts), _reference_logits(ref, prompts))
+
+
+def test_fp8_of_a_mixture_is_refused_by_name(tmp_path):
+    from samebits.models.testing import write_tiny_checkpoint
+
+    path = write_tiny_checkpoint(tmp_path, "qwen3_moe")
+    with pytest.raises(UnsupportedModelError, match="FP8 .* mixture of experts"):
+        load_hf_dir(path, get_ops("fast", "cpu"), torch.float32, quantization="fp8")
