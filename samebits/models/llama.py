@@ -63,6 +63,10 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    # The RL trainer's activation checkpointing (rl/policy.py): each layer's forward runs again in the backward instead
+    # of keeping its activations. The engine never sets it.
+    checkpoint_layers = False
+
     def __init__(self, config: ModelConfig, ops, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.config = config
@@ -93,12 +97,22 @@ class LlamaModel(nn.Module):
         hidden = self.embed_tokens[input_ids]
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x, residual = self._pre_norm(hidden, residual, layer.input_norm)
-            hidden = self._attention(layer, x, positions, k_cache, v_cache, meta)
-            x, residual = self._pre_norm(hidden, residual, layer.post_norm)
-            hidden = self._mlp(layer, x)
+            args = (layer, hidden, residual, positions, k_cache, v_cache, meta)
+            if self.checkpoint_layers and torch.is_grad_enabled():
+                from torch.utils.checkpoint import checkpoint
+
+                hidden, residual = checkpoint(self._layer, *args, use_reentrant=False, preserve_rng_state=False)
+            else:
+                hidden, residual = self._layer(*args)
         normed, _ = self.ops.add_rms_norm(hidden, residual, self.norm, self.config.rms_norm_eps)
         return normed
+
+    def _layer(self, layer: DecoderLayer, hidden, residual, positions, k_cache, v_cache, meta):
+        """One decoder layer -> (its output, the residual stream before its MLP)."""
+        x, residual = self._pre_norm(hidden, residual, layer.input_norm)
+        hidden = self._attention(layer, x, positions, k_cache, v_cache, meta)
+        x, residual = self._pre_norm(hidden, residual, layer.post_norm)
+        return self._mlp(layer, x), residual
 
     def gemm_weights(self) -> list[torch.Tensor]:
         """One [N, K] weight per GEMM shape the forward runs: what the proven routes' self-tests must cover."""
