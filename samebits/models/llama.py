@@ -8,6 +8,7 @@ with autograd, on ops whose forward is this table's and whose backward is its ow
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -97,17 +98,19 @@ class LlamaModel(nn.Module):
         hidden = self.embed_tokens[input_ids]
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            args = (layer, hidden, residual, positions, k_cache, v_cache, meta)
+            # The caches are bound, not arguments: a checkpoint saves its tensor arguments, and the layer writes its
+            # keys and values into them.
+            run = functools.partial(self._layer, layer, k_cache, v_cache, positions, meta)
             if self.checkpoint_layers and torch.is_grad_enabled():
                 from torch.utils.checkpoint import checkpoint
 
-                hidden, residual = checkpoint(self._layer, *args, use_reentrant=False, preserve_rng_state=False)
+                hidden, residual = checkpoint(run, hidden, residual, use_reentrant=False, preserve_rng_state=False)
             else:
-                hidden, residual = self._layer(*args)
+                hidden, residual = run(hidden, residual)
         normed, _ = self.ops.add_rms_norm(hidden, residual, self.norm, self.config.rms_norm_eps)
         return normed
 
-    def _layer(self, layer: DecoderLayer, hidden, residual, positions, k_cache, v_cache, meta):
+    def _layer(self, layer: DecoderLayer, k_cache, v_cache, positions, meta, hidden, residual):
         """One decoder layer -> (its output, the residual stream before its MLP)."""
         x, residual = self._pre_norm(hidden, residual, layer.input_norm)
         hidden = self._attention(layer, x, positions, k_cache, v_cache, meta)

@@ -127,7 +127,7 @@ def dkdv_tile(k, v, dk, dv, Q, DO, LSE, DELTA, start, n, cols, m0, h, qk_scale, 
     dpt = mma(v, tl.trans(do), None, UPCAST, PRECISION)
     dst = pt * (dpt - delta[None, :])
     dk = mma(dst.to(q.dtype), q, dk, UPCAST, PRECISION)
-    return dk, dv, dst, q
+    return dk, dv, dst
 
 
 @triton.jit
@@ -149,7 +149,7 @@ def _attention_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, cu_seqlens, qk_scale
         dv = tl.zeros([BN, D], tl.float32)
         for g in range(G):
             for m0 in range(n0 // BM * BM, n, BM):
-                dk, dv, _, _ = dkdv_tile(k, v, dk, dv, Q, DO, LSE, DELTA, start, n, cols, m0, hk * G + g, qk_scale,
+                dk, dv, _ = dkdv_tile(k, v, dk, dv, Q, DO, LSE, DELTA, start, n, cols, m0, hk * G + g, qk_scale,
                                          num_q_heads, stride_qt, stride_qh, stride_dot, stride_doh, D, BM, UPCAST,
                                          PRECISION)
         _store_rows(DK, start, cols, n, hk, stride_dkt, stride_dkh, dk * scale, D)
