@@ -31,19 +31,22 @@ def dense_forward(q, k, v, cu, scale):
 
 
 def make_seqs(lens, hq, hkv, d, dtype, g):
-    """Per sequence (q, k, v, do), each [len, H, D], on DEVICE."""
+    """Per sequence (q, k, v, o, do), each [len, H, D], on DEVICE; o its forward at scale d^-0.5, computed alone."""
     def r(n, h):
         return torch.randn(n, h, d, generator=g).to(device=DEVICE, dtype=dtype)
-    return [(r(n, hq), r(n, hkv), r(n, hkv), r(n, hq)) for n in lens]
+    seqs = []
+    for n in lens:
+        q, k, v = r(n, hq), r(n, hkv), r(n, hkv)
+        cu = torch.tensor([0, n], dtype=torch.int32, device=DEVICE)
+        seqs.append((q, k, v, dense_forward(q, k, v, cu, d ** -0.5), r(n, hq)))
+    return seqs
 
 
 def packed(seqs, order, scale):
-    """The backward of seqs packed in `order` -> per sequence (dq, dk, dv), in seqs' order."""
-    parts = [torch.cat([seqs[i][j] for i in order]) for j in range(4)]
-    q, k, v, do = parts
+    """The backward of seqs packed in `order` -> (per sequence (dq, dk, dv) in seqs' order, the launch's arguments)."""
+    q, k, v, o, do = (torch.cat([seqs[i][j] for i in order]) for j in range(5))
     lens = [seqs[i][0].shape[0] for i in order]
     cu = torch.tensor(list(itertools.accumulate(lens, initial=0)), dtype=torch.int32, device=DEVICE)
-    o = dense_forward(q, k, v, cu, scale)
     grads = bwd.attention_bwd(q, k, v, o, do, cu, max(lens), scale)
     out = [None] * len(seqs)
     for at, i in enumerate(order):
