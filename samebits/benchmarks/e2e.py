@@ -1,7 +1,8 @@
 """End-to-end benchmark (GPU): fast vs deterministic vs bucketed vs HF `generate`, on an 8B-shaped random model.
 
 Also measures how much invariance each mode really has: requests re-run alone vs inside the full load.
-Writes e2e.json and e2e.png to --out. The workload, its timing, the re-runs and the roofline are `samebits bench`'s
+`--quantization none,fp8` runs the same workload on the bf16 model and on its FP8 twin (`--quantization fp8` at load,
+models/quantization.py) side by side; FP8 runs are reported as "fp8 MODE/POLICY". Writes e2e.json and e2e.png to --out. The workload, its timing, the re-runs and the roofline are `samebits bench`'s
 (samebits/diagnostics/bench/); what is here is the H200 run's extras: the policies and async scheduling off side by
 side, batch-1 decode, the weights floor and HF `generate`.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from samebits.diagnostics.bench.bound import of_roofline, workload_bound
+from samebits.diagnostics.bench.bound import of_roofline, weights_dtype, workload_bound
 from samebits.diagnostics.bench.config import MAX_NUM_BATCHED_TOKENS
 from samebits.diagnostics.bench.invariance import picks
 from samebits.diagnostics.bench.load import run_load
@@ -86,6 +87,9 @@ def engine_batch64(loaded, shape: dict, out_len: int) -> float:
     return stats["output_tok_per_s"]
 
 
+QUANTIZATIONS = ("none", "fp8", "fp8_per_tensor")
+
+
 def weights_floor_ms(loaded) -> float:
     nbytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     return 1e3 * nbytes / 4.0e12  # measured copy bandwidth on this H200 is ~4 TB/s (KINDS.md / METHOD.md)
@@ -102,42 +106,55 @@ def main() -> None:
     ap.add_argument("--no-graphs", action="store_true", help="decode eagerly (no CUDA graphs)")
     ap.add_argument("--modes", default=",".join(RUNS), help=f"comma-separated, of {','.join(RUNS)}")
     ap.add_argument("--warm", action="store_true", help="one untimed pass of the workload first (BenchConfig.warm)")
+    ap.add_argument("--quantization", default="none",
+                    help=f"comma-separated, of {','.join(QUANTIZATIONS)}: the model(s) to run, side by side")
     args = ap.parse_args()
     if unknown := set(args.modes.split(",")) - set(RUNS):
         ap.error(f"--modes: unknown {sorted(unknown)}; choose from {', '.join(RUNS)}")
+    if unknown := set(args.quantization.split(",")) - set(QUANTIZATIONS):
+        ap.error(f"--quantization: unknown {sorted(unknown)}; choose from {', '.join(QUANTIZATIONS)}")
     global DEVICE, GRAPHS
     DEVICE, GRAPHS = args.device, not args.no_graphs
     args.out.mkdir(parents=True, exist_ok=True)
     shape = SHAPES[args.shape]
-    loaded = random_shape_model(args.shape, DEVICE)
     out_range = (16, 32) if args.quick else (128, 512)
     work = workload(args.requests, 0, (128, 1024), out_range, shape["vocab_size"])
     chosen = picks(args.requests, 8)
     report = {"shape": args.shape, "requests": args.requests, "cuda_graphs": GRAPHS, "modes": {}}
-    bound = workload_bound(loaded.config, work, loaded.model.dtype, DEVICE, max_num_seqs=256)
-    report["roofline"] = bound
     kv_tokens = kv_tokens_for(DEVICE)  # then the first engine's pool for every later one (bench/run.py pool_tokens)
-    for mode, policy in (run.split("/") for run in args.modes.split(",")):
-        with deterministic_runtime() if mode == "deterministic" else contextlib.nullcontext():
-            engine = make_engine(loaded, mode, policy.removesuffix("+sync"), kv_tokens=kv_tokens,
-                                 async_scheduling=False if policy.endswith("+sync") else None)
-            stats = measure(engine, work, chosen, warm=args.warm)
-            stats["kv_cache_tokens"] = kv_tokens = pool_tokens(engine)
-            stats["batch1_decode_ms"] = decode_step_ms(engine)
-            stats["of_roofline"] = of_roofline(bound, stats["seconds"])
-        report["modes"][f"{mode}/{policy}"] = stats
-        print(mode, policy, json.dumps(stats), flush=True)
-        (args.out / "e2e.json").write_text(json.dumps(report, indent=2))  # partial results survive a timeout
-        del engine
+    for quant in args.quantization.split(","):
+        loaded = random_shape_model(args.shape, DEVICE, None if quant == "none" else quant)
+        prefix = "" if quant == "none" else f"{quant} "
+        bound = workload_bound(loaded.config, work, weights_dtype(loaded.model), DEVICE, max_num_seqs=256)
+        report.setdefault("roofline", bound)
+        report["weights_floor_ms" if quant == "none" else f"{quant}_weights_floor_ms"] = weights_floor_ms(loaded)
+        for mode, policy in (run.split("/") for run in args.modes.split(",")):
+            if mode == "deterministic" and quant == "fp8_per_tensor":
+                continue  # refused in deterministic mode (models/quantization.py)
+            with deterministic_runtime() if mode == "deterministic" else contextlib.nullcontext():
+                engine = make_engine(loaded, mode, policy.removesuffix("+sync"), kv_tokens=kv_tokens,
+                                     async_scheduling=False if policy.endswith("+sync") else None)
+                stats = measure(engine, work, chosen, warm=args.warm)
+                stats["kv_cache_tokens"] = kv_tokens = pool_tokens(engine)
+                stats["batch1_decode_ms"] = decode_step_ms(engine)
+                stats["of_roofline"] = of_roofline(bound, stats["seconds"])
+            report["modes"][f"{prefix}{mode}/{policy}"] = stats
+            print(prefix + mode, policy, json.dumps(stats), flush=True)
+            (args.out / "e2e.json").write_text(json.dumps(report, indent=2))  # partial results survive a timeout
+            del engine
+            release(DEVICE)
+        if quant == "none":
+            report["engine_b64_tok_per_s"] = engine_batch64(loaded, shape, 32 if args.quick else 128)
+        del loaded
         release(DEVICE)
-    report["engine_b64_tok_per_s"] = engine_batch64(loaded, shape, 32 if args.quick else 128)
-    report["weights_floor_ms"] = weights_floor_ms(loaded)
+    det, fp8 = report["modes"].get("deterministic/dynamic"), report["modes"].get("fp8 deterministic/dynamic")
+    if det and fp8:
+        report["fp8_over_bf16_deterministic"] = fp8["output_tok_per_s"] / det["output_tok_per_s"]
+        report["fp8_batch1_over_floor"] = fp8["batch1_decode_ms"] / report["fp8_weights_floor_ms"]
     if {"fast/dynamic", "deterministic/dynamic"} <= set(report["modes"]):
         fast = report["modes"]["fast/dynamic"]["output_tok_per_s"]
         report["deterministic_tax"] = 1 - report["modes"]["deterministic/dynamic"]["output_tok_per_s"] / fast
     if not args.skip_hf:
-        del loaded
-        torch.cuda.empty_cache()
         try:
             report["hf_generate_b64_tok_per_s"] = hf_generate(shape, 64, 512, 32 if args.quick else 128)
         except Exception as e:  # noqa: BLE001 - the comparison is optional; say why it is missing
@@ -163,10 +180,15 @@ def print_table(report: dict) -> None:
     r = report["roofline"]
     bound = (f"roofline {r['total_s']:.2f} s (prefill {r['prefill_s']:.2f}, decode {r['decode_s']:.2f})"
              if r["total_s"] is not None else f"roofline n/a ({r['reason']})")
-    print(f"{bound}; weights floor {report['weights_floor_ms']:.2f} ms; "
-          f"deterministic tax {report.get('deterministic_tax', float('nan')):.1%}; "
-          f"engine b64 {report['engine_b64_tok_per_s']:.0f} tok/s; "
-          f"HF generate b64 {report.get('hf_generate_b64_tok_per_s', float('nan')):.0f} tok/s")
+    nan = float("nan")
+    print(f"{bound}; weights floor {report.get('weights_floor_ms', nan):.2f} ms; "
+          f"deterministic tax {report.get('deterministic_tax', nan):.1%}; "
+          f"engine b64 {report.get('engine_b64_tok_per_s', nan):.0f} tok/s; "
+          f"HF generate b64 {report.get('hf_generate_b64_tok_per_s', nan):.0f} tok/s")
+    if "fp8_weights_floor_ms" in report:
+        print(f"fp8: weights floor {report['fp8_weights_floor_ms']:.2f} ms; deterministic tok/s over bf16 "
+              f"{report.get('fp8_over_bf16_deterministic', nan):.2f}x (target >= 1.3); batch-1 decode over its floor "
+              f"{report.get('fp8_batch1_over_floor', nan):.2f}x (target <= 1.25)")
 
 
 def plot(report: dict, path: Path) -> None:

@@ -40,6 +40,8 @@ def update_weights(engine, source, version: str | None = None, keep_previous: bo
     if engine.config.tp_invariant:  # the model holds its weights in the sharded layout (distributed/model.py)
         raise WeightsError("update_weights: all_reduce='invariant' is not supported yet")
     model = engine.runner.model
+    if model.recipe is not None:  # its linears are e4m3 with scales (models/fp8.py), not a trainer's weights
+        raise WeightsError("update_weights: FP8 models are not supported; serve the dense checkpoint to sync weights")
     pairs = plan(model, tensors_of(source))
     previous = [(dest, dest.detach().to("cpu", copy=True)) for dest, _ in pairs] if keep_previous else None
     _copy(engine, pairs)

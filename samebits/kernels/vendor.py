@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from samebits.kernels.attention import paged_attention_sdpa, run_checked
+from samebits.kernels.fp8 import dequantized_linear as linear_fp8  # noqa: F401 - an op of this backend (ops.OPS)
 from samebits.kernels.kv_cache import write_kv  # noqa: F401 - ops of this backend (ops.OPS), shared with the CPU's
 from samebits.kernels.philox import philox_uniforms  # noqa: F401
 from samebits.kernels.race import gumbel_race  # noqa: F401

@@ -16,6 +16,8 @@ SUPPORTED = {
     "qwen2": ("Qwen2ForCausalLM",),
     "qwen3": ("Qwen3ForCausalLM",),
 }
+# quantization_config methods the loader reads (models/quantization.py: FP8 only).
+QUANT_METHODS = ("fp8", "compressed-tensors")
 GGUF_ARCHS = ("llama", "qwen2", "qwen3")  # llama.cpp names; Mistral and SmolLM2 files say "llama"
 ROPE_TYPES = ("default", "llama3")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -171,9 +173,10 @@ def _reject_hf_features(cfg: Mapping[str, Any], model_type: str) -> None:
         raise UnsupportedModelError(f"unsupported feature hidden_act={act!r}; only 'silu' is implemented")
     if cfg.get("mlp_bias"):
         raise UnsupportedModelError("unsupported feature mlp_bias=true")
-    if cfg.get("quantization_config"):
-        method = cfg["quantization_config"].get("quant_method", "?")
-        raise UnsupportedModelError(f"unsupported feature quantization_config (quant_method={method!r})")
+    method = (cfg.get("quantization_config") or {}).get("quant_method", "?")
+    if cfg.get("quantization_config") and method not in QUANT_METHODS:
+        raise UnsupportedModelError(f"unsupported feature quantization_config (quant_method={method!r}); supported: "
+                                    f"{', '.join(QUANT_METHODS)} (FP8)")
 
 
 def _hf_attention_bias(cfg: Mapping[str, Any], model_type: str) -> bool:

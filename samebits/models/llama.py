@@ -64,17 +64,19 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    recipe = None  # the FP8 recipe of the decoder's linears (models/fp8.py Fp8LlamaModel); None: dense
     # The RL trainer's activation checkpointing (rl/policy.py): each layer's forward runs again in the backward instead
     # of keeping its activations. The engine never sets it.
     checkpoint_layers = False
 
-    def __init__(self, config: ModelConfig, ops, dtype: torch.dtype = torch.float32):
+    def __init__(self, config: ModelConfig, ops, dtype: torch.dtype = torch.float32, layer=DecoderLayer):
+        """`layer(config, dtype, device)`: one decoder layer's parameters (an FP8 model's own, models/fp8.py)."""
         super().__init__()
         self.config = config
         self.ops = ops
         device = ops.device
         self.embed_tokens = _empty((config.vocab_size, config.hidden_size), dtype, device)
-        self.layers = nn.ModuleList(DecoderLayer(config, dtype, device) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(layer(config, dtype, device) for _ in range(config.num_layers))
         self.norm = _empty((config.hidden_size,), dtype, device)
         tied = config.tie_word_embeddings
         self.register_parameter("lm_head", None if tied else _empty((config.vocab_size, config.hidden_size), dtype, device))

@@ -36,6 +36,7 @@ class Policy(nn.Module):
     def __init__(self, model: LlamaModel, mode: str = "deterministic", backward: str | None = None,
                  checkpoint: bool = False):
         super().__init__()
+        _refuse_fp8(model)
         model.set_ops(TrainOps(get_ops(mode, model.device), backward))
         for p in model.parameters():
             p.requires_grad_(True)
@@ -73,6 +74,7 @@ class Policy(nn.Module):
     def from_model(cls, source: LlamaModel, device=None, mode: str = "deterministic", backward: str | None = None,
                    checkpoint: bool = False) -> Policy:
         """A trainable copy of a samebits model's weights (e.g. an engine's: `llm.engine.loaded.model`)."""
+        _refuse_fp8(source)
         model = LlamaModel(source.config, get_ops(mode, device or source.device), source.dtype)
         with torch.no_grad():
             for mine, theirs in zip(model.parameters(), source.parameters(), strict=True):
@@ -149,3 +151,8 @@ def packing_order(prompts: list[list[int]], completions: list[list[int]]) -> lis
     losses differ (in GRPO equal completions of one prompt have equal rewards, and equal advantages)."""
     return sorted(range(len(prompts)), key=lambda i: ([*prompts[i], *completions[i]], len(prompts[i])))
 
+
+def _refuse_fp8(model: LlamaModel) -> None:
+    if model.recipe is not None:
+        raise ValueError("Policy: FP8 models are not trainable (their linears are e4m3 with scales, docs/FP8.md); "
+                         "train the dense checkpoint")

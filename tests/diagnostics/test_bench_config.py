@@ -14,6 +14,7 @@ BAD = [
     ({"random_shape": "70b"}, r"--random-shape must be one of 1b, 8b, tiny, got '70b'"),
     ({"random_shape": "tiny", "model": "m.gguf"}, r"--model m.gguf and --random-shape tiny both given"),
     ({"seed": -1}, r"--seed must be an int in \[0, 9223372036854775807\], got -1"),
+    ({"quantization": "int4"}, r"--quantization must be None or one of \('fp8', 'fp8_per_tensor'\), got 'int4'"),
 ]
 
 

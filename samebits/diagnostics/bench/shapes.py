@@ -28,14 +28,19 @@ class NullTokenizer:
         return ""
 
 
-def random_shape_model(shape: str, device: str):
+def random_shape_model(shape: str, device: str, quantization: str | None = None):
     """A LoadedModel of SHAPES[shape] with N(0, 0.02) weights, in the device's serving dtype (bf16 on CUDA, fp32 on
-    the CPU), on fast ops until an engine sets its mode's."""
+    the CPU), on fast ops until an engine sets its mode's; with `quantization` ("fp8", "fp8_per_tensor") its
+    linears quantised as `--quantization` does at load (models/quantization.py)."""
     from samebits.kernels import get_ops
     from samebits.models.config import ModelConfig
     from samebits.models.loader import LoadedModel, resolve_dtype
+    from samebits.models.quantization import quantize_dense
     from samebits.models.testing import random_model
 
     config = ModelConfig(**SHAPES[shape])
     model = random_model(config, get_ops("fast", device), resolve_dtype(None, device), seed=0)
-    return LoadedModel(model, NullTokenizer(), config, f"random-{shape}", Path("."))
+    if quantization is not None:
+        model = quantize_dense(model, quantization)
+    name = f"random-{shape}" + (f"-{quantization}" if quantization else "")
+    return LoadedModel(model, NullTokenizer(), config, name, Path("."))

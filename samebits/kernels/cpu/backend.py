@@ -18,6 +18,7 @@ import torch
 from samebits.kernels import common
 from samebits.kernels.attention import run_checked
 from samebits.kernels.cpu.attention import paged_attention_cpu
+from samebits.kernels.cpu.fp8 import linear_fp8  # noqa: F401 - an op of this backend (ops.OPS)
 from samebits.kernels.cpu.gemm import blocked_gemm
 from samebits.kernels.cpu.reduce import tree_sum
 from samebits.kernels.kv_cache import write_kv  # noqa: F401 - ops of this backend (ops.OPS)

@@ -2,11 +2,12 @@
 and for linears whose weight shape passed its self-test the proven cuBLASLt route (kernels/vendor_gemm.py)."""
 from __future__ import annotations
 
-from samebits.kernels import common, kv_cache, vendor_gemm
+from samebits.kernels import common, fp8, kv_cache, vendor_fp8, vendor_gemm
 from samebits.kernels import rope as torch_rope
 from samebits.kernels.attention import run_checked
 from samebits.kernels.triton import activation as tri_activation
 from samebits.kernels.triton import attention as tri_attention
+from samebits.kernels.triton import fp8 as tri_fp8
 from samebits.kernels.triton import matmul as tri_matmul
 from samebits.kernels.triton import norms, reduce
 from samebits.kernels.triton import softmax as tri_softmax
@@ -24,6 +25,17 @@ def linear(x, weight, bias=None):
     if vendor_gemm.eligible(x2, weight, bias):
         return vendor_gemm.lt_linear(x2, weight).reshape(*x.shape[:-1], weight.shape[0])
     return tri_matmul.linear(x, weight, bias)
+
+
+def linear_fp8(x, weight, scale, recipe, input_scale=None, bias=None):
+    """x [..., K], weight [N, K] e4m3 with its scales (kernels/fp8.py) -> [..., N] in x.dtype; the per-tensor dynamic
+    recipe refused. The proven vendor GEMM where its self-test passed for the shape, else the Triton kernels."""
+    fp8.check_linear_fp8(x, weight, scale, recipe, input_scale, bias)
+    fp8.refuse_variant(recipe, "linear_fp8")
+    x2 = x.reshape(-1, x.shape[-1])
+    if vendor_fp8.eligible(x2, weight, recipe, bias):
+        return vendor_fp8.linear(x2, weight, scale, recipe, input_scale).reshape(*x.shape[:-1], weight.shape[0])
+    return tri_fp8.linear_fp8(x, weight, scale, recipe, input_scale, bias)
 
 
 def linear_partials(x, weights):

@@ -26,6 +26,7 @@ from samebits.kernels.vendor import (  # noqa: F401
     matmul,
     softmax,
 )
+from samebits.kernels.vendor_fp8 import fast_linear as linear_fp8  # noqa: F401 - an op of this backend
 
 
 def _attend(q, k_cache, v_cache, meta, scale):
