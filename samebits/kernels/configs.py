@@ -227,6 +227,32 @@ TILE_CONFIGS["moe"] = {
     "H200.",
 }
 
+TILE_CONFIGS["attention.backward"] = {
+    # head_dim -> [BM query rows, BN keys, num_warps, num_stages] of both passes
+    "config": {"tiles": {"64": [64, 64, 4, 2], "128": [64, 64, 8, 2]},
+               "dq": "a query block's keys in order 0..diagonal: a logsumexp pass, then dQ += dS K tile by tile",
+               "dkdv": "a key block's query heads g = 0..G-1, each one's query blocks in order diagonal..end: "
+                       "dV += P^T dO, dK += dS^T Q"},
+    "why": "The RL trainer's attention backward (triton/attention_bwd.py), FlashAttention-2's two passes without a "
+    "float atomic: every dQ, dK and dV element is written by exactly one program, which adds its terms in the order "
+    "above, a function of the tile and of the sequence's own length; tiles start at the sequence's first token, so a "
+    "sequence's gradient never depends on what else is packed. BM and BN change bits (they group the MMA's sums), the "
+    "warps and stages do not above 2 warps (attention.query_tile). Reasoned, not swept: attention is under 2 % of a "
+    "1B/8B training step at RL lengths.",
+}
+
+TILE_CONFIGS["train.backward"] = {
+    "config": {"token_rows": 32, "column_block": 128, "column_warps": 4, "norm_warps": 8, "max_hidden": 16384,
+               "cpu_tokens": 256, "merge": "float32 partials added in split order 0..n-1, rounded once"},
+    "why": "The RL trainer's weight gradients of norms and biases sum over the packed tokens: cut into fixed splits of "
+    "token_rows rows, each split one program adding its rows in order, the float32 partials merged in split order "
+    "(triton/column_sum.py), so the order is a function of the token count alone. Linear weight gradients are the "
+    "invariant matmul with the tokens as K, accumulated in sequence (triton/matmul.py). On the CPU a linear's weight "
+    "gradient is cut into cpu_tokens-token chunks (the last zero-padded), one proven GEMM each (cpu/gemm.py: a shape "
+    "proven once, not once per token count), added in chunk order; the norm and bias sums take the halving tree "
+    "(cpu/reduce.py).",
+}
+
 TILE_CONFIGS["fp8"] = {
     "config": {"format": "float8_e4m3fn", "max": 448.0, "k_step": 128, "min_scale_exp": -64,
                "activation_scale": "2^e, the least e with amax <= max * 2^e (amax of the row, or of the row's "

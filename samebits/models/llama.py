@@ -8,6 +8,7 @@ with autograd, on ops whose forward is this table's and whose backward is its ow
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -65,6 +66,9 @@ class DecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     recipe = None  # the FP8 recipe of the decoder's linears (models/fp8.py Fp8LlamaModel); None: dense
+    # The RL trainer's activation checkpointing (rl/policy.py): each layer's forward runs again in the backward instead
+    # of keeping its activations. The engine never sets it.
+    checkpoint_layers = False
 
     def __init__(self, config: ModelConfig, ops, dtype: torch.dtype = torch.float32, layer=DecoderLayer):
         """`layer(config, dtype, device)`: one decoder layer's parameters (an FP8 model's own, models/fp8.py)."""
@@ -101,12 +105,24 @@ class LlamaModel(nn.Module):
         hidden = self.embed_tokens[input_ids]
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x, residual = self._pre_norm(hidden, residual, layer.input_norm)
-            hidden = self._attention(layer, x, positions, k_cache, v_cache, meta)
-            x, residual = self._pre_norm(hidden, residual, layer.post_norm)
-            hidden = self._mlp(layer, x)
+            # The caches are bound, not arguments: a checkpoint saves its tensor arguments, and the layer writes its
+            # keys and values into them.
+            run = functools.partial(self._layer, layer, k_cache, v_cache, positions, meta)
+            if self.checkpoint_layers and torch.is_grad_enabled():
+                from torch.utils.checkpoint import checkpoint
+
+                hidden, residual = checkpoint(run, hidden, residual, use_reentrant=False, preserve_rng_state=False)
+            else:
+                hidden, residual = run(hidden, residual)
         normed, _ = self.ops.add_rms_norm(hidden, residual, self.norm, self.config.rms_norm_eps)
         return normed
+
+    def _layer(self, layer: DecoderLayer, k_cache, v_cache, positions, meta, hidden, residual):
+        """One decoder layer -> (its output, the residual stream before its MLP)."""
+        x, residual = self._pre_norm(hidden, residual, layer.input_norm)
+        hidden = self._attention(layer, x, positions, k_cache, v_cache, meta)
+        x, residual = self._pre_norm(hidden, residual, layer.post_norm)
+        return self._mlp(layer, x), residual
 
     def gemm_weights(self) -> list[torch.Tensor]:
         """One [N, K] weight per GEMM shape the forward runs: what the proven routes' self-tests must cover."""
