@@ -50,6 +50,9 @@ class SampledStep:
         if self._ready is not None:
             self._ready.synchronize()
 
+    def complete(self) -> SampledStep:
+        return self
+
     def to_host(self) -> dict[int, StepResult | list[StepResult]]:
         """StepResult per sampled sequence, by seq_id; for a chunk that verified drafts, those of its accepted drafts
         and its bonus token (verify.py); top-logprobs cut to each sequence's own count."""
@@ -79,6 +82,18 @@ class SampledStep:
             return {}
         self._wait()
         return PromptScores.results(*self._prompt)
+
+
+class DeferredStep:
+    """A step launched whose sampling waits for the previous step's read-back: a grammar row's mask needs the token
+    that step drew (structured/masks.py). The engine completes it after that read-back, while the GPU runs its
+    forward pass; a step is completed before the next one is launched or read back."""
+
+    def __init__(self, sample):
+        self._sample = sample
+
+    def complete(self) -> SampledStep:
+        return self._sample()
 
 
 def _copy_to_host(t: torch.Tensor) -> torch.Tensor:
@@ -144,14 +159,17 @@ def prove_routes(model) -> None:
         return
     weights = model.gemm_weights()
     if model.device.type == "cuda":
+        from samebits.kernels import vendor_fp8
         from samebits.kernels.vendor_gemm import prove_weights
 
         prove_weights(weights)
+        vendor_fp8.prove_weights(weights)
         torch.cuda.empty_cache()
     else:
-        from samebits.kernels.cpu import attention, gemm
+        from samebits.kernels.cpu import attention, fp8, gemm
 
         gemm.prove_weights(weights)
+        fp8.prove_weights(weights)
         attention.prove(model.config.head_dim)
 
 
@@ -234,8 +252,11 @@ class ModelRunner:
             return SampledStep([], None, prompt)
         rows = to_device(sampled_rows(scheduled, ends), torch.int64, self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))
-        out = self._draw(logits, sampling_batch(items, self.eos_token_ids), items)
-        return SampledStep([s.seq for s in items], out, prompt, [s.drafts for s in items])
+        seqs, batch = [s.seq for s in items], sampling_batch(items, self.eos_token_ids)
+        drafts = [s.drafts for s in items]
+        if batch.grammar is not None and not batch.grammar.ready():
+            return DeferredStep(lambda: SampledStep(seqs, self._draw(logits, batch, items), prompt, drafts))
+        return SampledStep(seqs, self._draw(logits, batch, items), prompt, drafts)
 
     def _draw(self, logits: torch.Tensor, batch: SamplingBatch, items) -> SamplerOutput:
         """Every sampled row's draw, a verified draft's row included: the sampler's own, so each is the draw plain

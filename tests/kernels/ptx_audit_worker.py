@@ -20,6 +20,7 @@ from samebits.kernels.triton.matmul import pipeline_stages
 # atom.global.add.f32, red.shared.add.noftz.bf16x2, atom.add.f16 ...: any atomic or reduction on a float type.
 FLOAT_ATOMIC = re.compile(r"\b(atom|red)(\.\w+)*\.(f16|bf16|f32|f64)(x2)?\b")
 DTYPES = ("bf16", "fp16", "fp32")
+WGMMA_E4M3 = re.compile(r"wgmma\.mma_async\S*\.e4m3\.e4m3")
 
 
 def _jit(module, name):
@@ -49,6 +50,44 @@ def _matmul_specs():
                 specs.append((f"matmul {bm}x{bn}x{bk} {dt} even_k={even_k}",
                               _spec(fn, types, const, aligned, {"num_warps": warps, "num_stages": pipeline_stages(
                                   bm, bn, bk, stages, 4 if dt == "fp32" else 2)})))
+    return specs
+
+
+def _fp8_specs():
+    """The FP8 GEMM at every row of its table (channel weights with a bias; block weights on the prefill row), every
+    activation form of the fused decode row, and the quantisation kernel per activation form: as triton/fp8.py
+    launches them."""
+    from samebits.kernels.fp8 import K_STEP
+
+    fn, quant = _jit("fp8", "_fp8_matmul_kernel"), _jit("fp8", "_quantize_rows_kernel")
+    specs = []
+    rows = TILE_CONFIGS["matmul_fp8"]["config"]
+    for _, bm, bn, bk, warps, stages, group, fused in rows:
+        forms = [(0, False, False, True)]  # (ACT, FUSED, BLOCK_W, HAS_BIAS)
+        if bm == rows[-1][1]:
+            forms.append((1, False, True, False))
+        if fused:
+            forms += [(act, True, act == 1, False) for act in (0, 1, 2)]
+        for act, fuse, block_w, bias in forms:
+            a = "*bf16" if fuse else "*fp8e4nv"
+            types = {"a_ptr": a, "as_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "c_ptr": "*bf16",
+                     "bias_ptr": "*bf16"}
+            types.update({n: "i32" for n in ("M", "N", "K", "stride_am", "stride_as", "stride_wn", "stride_ws",
+                                             "stride_cm")})
+            const = {"ACT": act, "FUSED": fuse, "BLOCK_W": block_w, "W_ROWS": K_STEP, "HAS_BIAS": bias, "BM": bm,
+                     "BN": bn, "BK": bk, "GROUP_M": group, "EVEN_K": False, "UPCAST": False}
+            aligned = ["a_ptr", "as_ptr", "w_ptr", "ws_ptr", "c_ptr", "bias_ptr", "N", "K", "stride_am", "stride_wn",
+                       "stride_cm"]
+            options = {"num_warps": warps, "num_stages": pipeline_stages(bm, bn, bk, stages, 2 if fuse else 1)}
+            specs.append((f"fp8_matmul {bm}x{bn}x{bk} act={act} fused={fuse} block={block_w}",
+                          _spec(fn, types, const, aligned, options)))
+    qcfg = TILE_CONFIGS["fp8_quant"]["config"]
+    for act in (0, 1, 2):
+        types = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "in_ptr": "*fp32", "K": "i32",
+                 "stride_x": "i32", "stride_q": "i32", "stride_s": "i32"}
+        specs.append((f"fp8_quant act={act}", _spec(quant, types, {"ACT": act, "BLOCK": qcfg["block"],
+                                                                    "STEP": K_STEP}, ["x_ptr", "q_ptr"],
+                                                    {"num_warps": qcfg["num_warps"]})))
     return specs
 
 
@@ -92,6 +131,86 @@ def _row_specs():
                                              {"num_warps": 4})))
     specs.append(("det_sum merge", _spec(_jit("reduce", "_merge_kernel"), {"part_ptr": "*fp32", "out_ptr": "*fp32"},
                                          {"SPLIT": dcfg["split"]}, [], {"num_warps": 1})))
+    return specs
+
+
+def _moe_specs():
+    """The fused MoE kernels at every row of the moe table in bf16 (the serving dtype) and at the first row in the
+    other dtypes, as triton/moe.py launches them at real shapes (sizes and row strides multiples of 16)."""
+    from samebits.kernels.triton.moe import _stages
+
+    gate_up, down, comb = (_jit("moe", n) for n in ("_moe_gate_up_kernel", "_moe_down_kernel", "_moe_combine_kernel"))
+    cfg = TILE_CONFIGS["moe"]["config"]
+    specs = []
+    rows = [(tile, "bf16") for tile in cfg["tiles"]] + [(cfg["tiles"][0], dt) for dt in DTYPES if dt != "bf16"]
+    for (_, bm, bn, bk, warps, stages), dt in rows:
+        size, common = 4 if dt == "fp32" else 2, {"UPCAST": False, "PRECISION": "ieee" if dt == "fp32" else "tf32",
+                                                  "BM": bm, "BN": bn, "BK": bk, "EVEN_K": False}
+        types = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "h_ptr": f"*{dt}", "pairs_ptr": "*i32",
+                 "block_expert_ptr": "*i32", **{a: "i32" for a in ("P", "K", "INTER", "stride_xm", "stride_we",
+                                                                  "stride_wn", "stride_hm")}}
+        specs.append((f"moe gate_up {bm}x{bn}x{bk} {dt}", _spec(
+            gate_up, types, {**common, "TOPK": 8, "LIBDEVICE": True}, [a for a in types if a != "P"],
+            {"num_warps": warps, "num_stages": _stages(bm, bn, bk, stages, size, 2)})))
+        types = {"h_ptr": f"*{dt}", "w_ptr": f"*{dt}", "y_ptr": f"*{dt}", "pairs_ptr": "*i32",
+                 "block_expert_ptr": "*i32", **{a: "i32" for a in ("P", "K", "N", "stride_hm", "stride_we",
+                                                                  "stride_wn", "stride_ym")}}
+        specs.append((f"moe down {bm}x{bn}x{bk} {dt}", _spec(
+            down, types, common, [a for a in types if a != "P"],
+            {"num_warps": warps, "num_stages": _stages(bm, bn, bk, stages, size, 1)})))
+    for dt in DTYPES:
+        types = {"y_ptr": f"*{dt}", "w_ptr": "*fp32", "out_ptr": f"*{dt}", "N": "i32", "stride_ym": "i32",
+                 "stride_om": "i32"}
+        specs.append((f"moe combine {dt}", _spec(comb, types, {"TOPK": 8, "BLOCK": cfg["combine_block"]},
+                                                 ["y_ptr", "out_ptr"], {"num_warps": cfg["combine_warps"]})))
+    return specs
+
+
+def _train_specs():
+    """The RL trainer's backward kernels (kernels/triton/attention_bwd.py, norms_bwd.py, activation_bwd.py,
+    column_sum.py) in every dtype with their configs' tiles; the attention kernels at both head dims in the 16-bit
+    dtypes, in fp32 at 64 only (its FMA products, the same instructions at 128, take ptxas 25 s there)."""
+    acfg, tcfg = TILE_CONFIGS["attention.backward"]["config"], TILE_CONFIGS["train.backward"]["config"]
+    specs = []
+    strides = ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot", "stride_oh",
+               "stride_dot", "stride_doh", "stride_dqt", "stride_dqh", "stride_dkt", "stride_dkh", "stride_dvt",
+               "stride_dvh")
+    for dt, (d, (bm, bn, warps, stages)) in itertools.product(DTYPES, acfg["tiles"].items()):
+        if dt == "fp32" and d != "64":
+            continue
+        const = {"G": 4, "D": int(d), "BM": bm, "BN": bn, "UPCAST": False,
+                 "PRECISION": "ieee" if dt == "fp32" else "tf32"}
+        for name in ("_attention_dq_kernel", "_attention_dkdv_kernel"):
+            fn = _jit("attention_bwd", name)
+            types = {a: f"*{dt}" for a in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")}
+            types.update({"LSE": "*fp32", "DELTA": "*fp32", "cu_seqlens": "*i32", "qk_scale": "fp32", "scale": "fp32",
+                          "num_q_heads": "i32", **{a: "i32" for a in strides}})
+            types = {a: t for a, t in types.items() if a in fn.arg_names}
+            aligned = [a for a in types if types[a].startswith("*") or a.startswith("stride_")]
+            specs.append((f"train {name.strip('_').removesuffix('_kernel')} {dt} d{d}",
+                          _spec(fn, types, const, aligned, {"num_warps": warps, "num_stages": stages})))
+    types = {"DY": "*{}", "X": "*{}", "W": "*{}", "DS": "*{}", "DX": "*{}", "PART": "*fp32", "eps": "fp32",
+             **{a: "i32" for a in ("T", "H", "stride_dy", "stride_x", "stride_ds", "stride_dx")}}
+    for dt, block, has_ds in itertools.product(DTYPES, (128, 4096), (False, True)):  # a head norm, a hidden norm
+        specs.append((f"train rms_norm_bwd {dt} block={block} ds={has_ds}", _spec(
+            _jit("norms_bwd", "_rms_norm_bwd_kernel"), {a: t.format(dt) for a, t in types.items()},
+            {"HAS_DS": has_ds, "ROWS": tcfg["token_rows"], "BLOCK": block}, ["DY", "X", "DX", "PART"],
+            {"num_warps": tcfg["norm_warps"]})))
+    for dt in DTYPES:
+        types = {"DY": f"*{dt}", "X": f"*{dt}", "DX": f"*{dt}", "inter": "i32", "stride_dy": "i32", "stride_x": "i32",
+                 "stride_dx": "i32"}
+        scfg = TILE_CONFIGS["silu_and_mul"]["config"]
+        specs.append((f"train silu_and_mul_bwd {dt}", _spec(
+            _jit("activation_bwd", "_silu_and_mul_bwd_kernel"), types, {"LIBDEVICE": True, "BLOCK": scfg["block"]},
+            ["DY", "X", "DX"], {"num_warps": scfg["num_warps"]})))
+        types = {"X": f"*{dt}", "PART": "*fp32", "T": "i32", "N": "i32", "stride_x": "i32"}
+        specs.append((f"train split_sum {dt}", _spec(
+            _jit("column_sum", "_split_sum_kernel"), types, {"ROWS": tcfg["token_rows"], "BLOCK": tcfg["column_block"]},
+            ["X", "PART"], {"num_warps": tcfg["column_warps"]})))
+        types = {"PART": "*fp32", "OUT": f"*{dt}", "splits": "i32", "N": "i32"}
+        specs.append((f"train merge_splits {dt}", _spec(
+            _jit("column_sum", "_merge_splits_kernel"), types, {"BLOCK": tcfg["column_block"]}, ["PART", "OUT"],
+            {"num_warps": tcfg["column_warps"]})))
     return specs
 
 
@@ -228,11 +347,13 @@ def _atomic_control(x_ptr, out_ptr):
 
 def _report(ptx):
     return {"float_atomics": _float_atomics(ptx)[:3], "cp_async": "cp.async" in ptx, "wgmma": "wgmma" in ptx,
-            "tma": "cp.async.bulk.tensor" in ptx}
+            "tma": "cp.async.bulk.tensor" in ptx, "wgmma_e4m3": bool(WGMMA_E4M3.search(ptx)),
+            "mma_sync": "mma.sync" in ptx}
 
 
 def main():
-    specs = _matmul_specs() + _row_specs() + _attention_specs() + _gluon_specs()
+    specs = (_matmul_specs() + _fp8_specs() + _row_specs() + _moe_specs() + _attention_specs() + _gluon_specs()
+             + _train_specs())
     specs.append(("control: tl.atomic_add fp32", _spec(_atomic_control, {"x_ptr": "*fp32", "out_ptr": "*fp32"}, {},
                                                         [], {"num_warps": 1})))
     fn, sig, const, attrs, options = dict(specs)["attention paged_attention_bf16_d128_partial_page16"]
