@@ -130,7 +130,8 @@ class LLMEngine:
         if previous is not None:
             self._finish_step(previous)
         if self._inflight is not None:  # sampled now if a grammar's masks waited for `previous` (DeferredStep)
-            self._inflight = (self._inflight[0], self._inflight[1].complete())
+            out, sampled, speculated = self._inflight
+            self._inflight = out, sampled.complete(), speculated
         if self._inflight is not None and not self.scheduler.has_unfinished():
             self.drain()  # the step launched ahead holds only finished sequences: settle it, leave nothing in flight
         return self.processor.outputs()
@@ -149,7 +150,8 @@ class LLMEngine:
         return out, self.runner.execute(out, previous[1] if previous is not None else None), speculate
 
     def _finish_step(self, launched) -> None:
-        out, sampled, speculated = launched[0], launched[1].complete(), launched[2]
+        out, sampled, speculated = launched
+        sampled = sampled.complete()
         finished = self.processor.process(out, sampled.to_host(), sampled.prompt_to_host())
         if speculated:
             self.speculator.observe(sampled.verified)

@@ -25,7 +25,14 @@ def make_drafter(config, target, num_tokens: int, max_model_len: int) -> Drafter
     return DraftModelDrafter(spec.num_speculative_tokens, draft, config, num_tokens, max_model_len)
 
 
+def draftable(seq: Sequence) -> bool:
+    """Whether drafts may follow seq once its tokens are read back: a decoding sequence without a grammar. A
+    constrained sample is never drafted for: its verify row i would need the mask of its grammar advanced over
+    d1..di and rolled back over the rejected ones (structured/grammar.py advances a matcher only over read-back
+    tokens). It decodes one row a step, in its neighbours' verify steps, with plain decoding's bits."""
+    return seq.num_uncomputed == 1 and seq.grammar is None
+
+
 def decoding(running: list[Sequence]) -> list[Sequence]:
-    """The running sequences whose next chunk is a decode (every token but the last computed, none pending): the
-    ones a draft can follow."""
-    return [s for s in running if s.num_uncomputed == 1 and not s.num_pending]
+    """The running sequences a draft can follow now: draftable, none of their tokens pending."""
+    return [s for s in running if draftable(s) and not s.num_pending]

@@ -9,7 +9,7 @@ try, up to MAX_BACKOFF; one that keeps more drafts again at once. Which steps dr
 from __future__ import annotations
 
 from samebits.engine.sequence import Sequence
-from samebits.engine.spec_decode.drafters import Drafter, decoding
+from samebits.engine.spec_decode.drafters import Drafter, decoding, draftable
 from samebits.engine.spec_decode.verify import SpecDecodeStats
 
 # A verify chunk of 1 + k rows costs little more than a decode row while a step's GEMMs are bound by reading their
@@ -28,9 +28,9 @@ class Speculator:
         self.wait = 0  # plain steps still to run before the next try
 
     def due(self, running: list[Sequence]) -> bool:
-        """Whether this step drafts; call once per step. A step with no decoding sequence neither drafts nor counts
-        as one between tries (prefill steps would otherwise use up the back-off before the first decode)."""
-        if not any(s.num_uncomputed == 1 for s in running):
+        """Whether this step drafts; call once per step. A step with no draftable sequence neither drafts nor counts
+        as one between tries (prefill steps, or constrained samples alone, would otherwise use up the back-off)."""
+        if not any(draftable(s) for s in running):
             return False
         if self.wait:
             self.wait -= 1

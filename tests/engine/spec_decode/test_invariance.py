@@ -13,7 +13,8 @@ import torch
 from samebits.engine.llm import LLM
 from samebits.engine.model_runner import ModelRunner
 from samebits.engine.sampler import SamplerOutput, top_k_logprobs
-from samebits.engine.sampling_params import SamplingParams
+from samebits.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from samebits.engine.spec_decode import drafters, speculator
 from samebits.models.testing import write_tiny_checkpoint
 
 SHAPE = {"hidden_size": 256, "intermediate_size": 512, "vocab_size": 1024, "num_attention_heads": 4,
@@ -159,3 +160,31 @@ def test_negative_control_standard_speculative_sampling_changes_the_bits(ckpt, p
     got = run(llm, prompts(6, 1), MIXED)
     assert got[:3] == plain[1][:3]  # greedy rows: p is one-hot, the ratio rule is the exact rule
     assert got[3:] != plain[1][3:]
+
+
+def constrained(seed: int) -> SamplingParams:
+    return SamplingParams(temperature=0.05, seed=seed, n=2, max_tokens=12, logprobs=2,
+                          structured_outputs=StructuredOutputsParams(regex=r"[a-f]{3,8}-[0-9]{2,9}"))
+
+
+def test_a_constrained_request_among_speculating_ones_keeps_plain_decodings_bits(ckpt, plain):
+    """A sample with a grammar is never drafted for (spec_decode/drafters.py draftable): it decodes a row a step in
+    its neighbours' verify steps, with the bits it has without speculation; alone, it drafts nothing."""
+    ps, params = prompts(4, 5), [constrained(7), GREEDY, COOL, constrained(8)]
+    expected = run(plain[0], ps, params)
+    llm = LLM(ckpt, speculative_config=ngram(4), **ENGINE)
+    assert run(llm, ps, params) == expected
+    assert llm.engine.stats().spec_num_accepted_tokens > 0
+    alone = LLM(ckpt, speculative_config=ngram(4), **ENGINE)
+    assert run(alone, ps[:1], params[0]) == expected[:1]
+    assert alone.engine.stats().spec_num_drafts == 0
+
+
+def test_negative_control_drafts_for_a_constrained_sample_fail_its_mask_check(ckpt, monkeypatch):
+    """Without the exclusion, a verify row past the first asks for a mask its matcher has not reached: refused
+    loudly (structured/grammar.py GrammarMatcher.check), never masked with the wrong state."""
+    for module in (drafters, speculator):
+        monkeypatch.setattr(module, "draftable", lambda seq: seq.num_uncomputed == 1)
+    llm = LLM(ckpt, speculative_config=ngram(4), **ENGINE)
+    with pytest.raises(RuntimeError, match="its grammar has taken"):
+        run(llm, prompts(1, 5), constrained(7))
