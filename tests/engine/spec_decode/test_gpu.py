@@ -1,5 +1,5 @@
 """Speculative decoding on CUDA: plain decoding's bits with verify steps in CUDA graphs (and eagerly), async
-scheduling between tries, preemption; a verify graph's real rows equal the eager step's."""
+scheduling between tries, preemption, an FP8 target; a verify graph's real rows equal the eager step's."""
 import random
 
 import pytest
@@ -10,6 +10,7 @@ from samebits.engine.llm import LLM
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams
 from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.testing_fp8 import write_tiny_fp8_checkpoint
 from tests.engine.spec_decode.test_invariance import COOL, GREEDY, bits, ngram, prompts
 
 pytestmark = pytest.mark.gpu
@@ -72,3 +73,13 @@ def test_a_verify_graphs_rows_equal_the_eager_steps(ckpt):
             checked += 1
         engine._finish_step((out, runner.execute(out), True))
     assert checked >= 3
+
+
+def test_an_fp8_target_on_cuda(tmp_path):
+    """A block-scaled FP8 checkpoint (Qwen3-*-FP8's format): verify steps in graphs give plain decoding's bits."""
+    path = str(write_tiny_fp8_checkpoint(tmp_path, "block", "llama3", seed=1, **SHAPE))
+    ps, params = prompts(8, 6), [GREEDY, COOL] * 4
+    expected = run(LLM(path, **ENGINE), ps, params)
+    llm = LLM(path, speculative_config=ngram(4), **ENGINE)
+    assert run(llm, ps, params) == expected
+    assert llm.engine.stats().spec_num_accepted_tokens > 0 and llm.engine.runner.verify_graphs.graphs

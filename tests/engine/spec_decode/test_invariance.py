@@ -188,3 +188,18 @@ def test_negative_control_drafts_for_a_constrained_sample_fail_its_mask_check(ck
     llm = LLM(ckpt, speculative_config=ngram(4), **ENGINE)
     with pytest.raises(RuntimeError, match="its grammar has taken"):
         run(llm, prompts(1, 5), constrained(7))
+
+
+def test_an_fp8_target_keeps_plain_decodings_bits(ckpt, small):
+    """`quantization="fp8"` (per-token activation scales, models/fp8.py): a verify row's activations are quantised
+    by their own row, so the drafts' rows change no bit. Drafted by ngram, by the FP8 target itself (shared), and by a
+    dense random draft (its checkpoint's own weights)."""
+    fp8 = {**ENGINE, "quantization": "fp8"}
+    ps, params = prompts(4, 6), [GREEDY, COOL, WARM, GREEDY]
+    expected = run(LLM(ckpt, **fp8), ps, params)
+    for spec in (ngram(4), {"method": "draft_model", "num_speculative_tokens": 3, "model": ckpt},
+                 {"method": "draft_model", "num_speculative_tokens": 3, "model": small}):
+        llm = LLM(ckpt, speculative_config=spec, **fp8)
+        assert type(llm.engine.loaded.model).__name__ == "Fp8LlamaModel"
+        assert run(llm, ps, params) == expected, spec
+        assert llm.engine.stats().spec_num_accepted_tokens > 0 or spec["model"] == small
