@@ -10,8 +10,11 @@ import random
 import pytest
 import torch
 
+from samebits.engine.config import EngineConfig
 from samebits.engine.llm import LLM
+from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.model_runner import ModelRunner
+from samebits.engine.outputs import Resume
 from samebits.engine.sampler import SamplerOutput, top_k_logprobs
 from samebits.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from samebits.engine.spec_decode import drafters, speculator
@@ -203,3 +206,26 @@ def test_an_fp8_target_keeps_plain_decodings_bits(ckpt, small):
         assert type(llm.engine.loaded.model).__name__ == "Fp8LlamaModel"
         assert run(llm, ps, params) == expected, spec
         assert llm.engine.stats().spec_num_accepted_tokens > 0 or spec["model"] == small
+
+
+def outputs(engine, prompt, params, resume=None) -> list:
+    """Every cumulative output of one request run to its end on `engine` (tests/engine/test_resume.py's run)."""
+    engine.add_request("r", prompt, params, resume=resume)
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += [o for o in engine.step() if o.request_id == "r"]
+    return outs
+
+
+def test_a_resumed_request_under_speculation_ends_with_the_uninterrupted_bits(ckpt):
+    """A fleet's failover (LLMEngine.add_request's `resume`): a stream cut on a plain engine and resumed on a
+    speculating one, whose drafter (the target as its own draft) reads the sent tokens as its own, ends with the
+    plain run's bits."""
+    config = {"method": "draft_model", "num_speculative_tokens": 3, "model": ckpt}
+    prompt, params = prompts(1, 8)[0], dataclasses.replace(COOL, frequency_penalty=0.3)
+    whole = outputs(LLMEngine(EngineConfig(ckpt, **ENGINE)), prompt, params)
+    engine = LLMEngine(EngineConfig(ckpt, speculative_config=config, **ENGINE))
+    for cut in (1, len(whole) // 2, len(whole) - 2):
+        resumed = outputs(engine, prompt, params, Resume.of(whole[cut - 1]))
+        assert bits(resumed[-1]) == bits(whole[-1]), f"cut after output {cut}"
+    assert engine.stats().spec_num_accepted_tokens > 0
