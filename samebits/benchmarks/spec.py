@@ -10,7 +10,8 @@ decoding runs first; its outputs are what every speculative run must reproduce b
   `random-always` tries every step (what one verify step costs);
 - `ngram`: prompt lookup on a repetitive workload (a 16-token phrase repeated), whatever the target does with it.
 Latency is the decode phase's wall time per output token of a sequence (after every prefill); speedup is plain's over
-speculation's. Writes spec.json and spec.png to --out.
+speculation's. Writes spec.json and spec.png to --out; exits 1 if any run's bits differ from plain decoding's.
+`--quick`: batches 1 and 64, 128 output tokens, acceptance 0.8 only.
 """
 from __future__ import annotations
 
@@ -162,7 +163,11 @@ def engine_counts(engine) -> tuple[int, int, int]:
     return st.spec_num_draft_tokens, st.spec_num_accepted_tokens, st.spec_num_drafts
 
 
-def main() -> None:
+# --quick: the two ends of the targets (batch 1 at 80 % acceptance, batch 64 with nothing accepted), shorter outputs.
+QUICK = {"batches": "1,64", "tokens": 128, "rates": "0.8"}
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shape", default="8b", choices=sorted(SHAPES))
@@ -172,7 +177,10 @@ def main() -> None:
     ap.add_argument("--rates", default="0.8,1", help="forced acceptance rates of the replay drafter")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=256, help="output tokens a request")
-    args = ap.parse_args()
+    ap.add_argument("--quick", action="store_true", help=f"sets {QUICK}")
+    args = ap.parse_args(argv)
+    if args.quick:
+        vars(args).update(QUICK)
     args.rates = [float(r) for r in args.rates.split(",")]
     e2e.DEVICE = args.device
     args.out.mkdir(parents=True, exist_ok=True)
@@ -191,6 +199,7 @@ def main() -> None:
                                                    indent=2))
     print_table(rows)
     plot(rows, args.out / "spec.png")
+    return 0 if all(r["same_bits"] for r in rows) else 1
 
 
 def print_table(rows: list[dict]) -> None:
@@ -223,4 +232,4 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -11,7 +11,7 @@ from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams
 from samebits.models.testing import write_tiny_checkpoint
 from samebits.models.testing_fp8 import write_tiny_fp8_checkpoint
-from tests.engine.spec_decode.test_invariance import COOL, GREEDY, bits, ngram, prompts
+from tests.engine.spec_decode.test_invariance import COOL, GREEDY, bits, constrained, ngram, prompts
 
 pytestmark = pytest.mark.gpu
 
@@ -83,3 +83,12 @@ def test_an_fp8_target_on_cuda(tmp_path):
     llm = LLM(path, speculative_config=ngram(4), **ENGINE)
     assert run(llm, ps, params) == expected
     assert llm.engine.stats().spec_num_accepted_tokens > 0 and llm.engine.runner.verify_graphs.graphs
+
+
+def test_constrained_requests_among_speculating_ones_on_cuda(ckpt):
+    """Grammar rows in verify steps (in graphs) and in the async plain steps between tries (DeferredStep)."""
+    ps, params = prompts(8, 7), [constrained(3), GREEDY, COOL, constrained(4)] * 2
+    expected = run(LLM(ckpt, **ENGINE), ps, params)
+    llm = LLM(ckpt, speculative_config=ngram(4), **ENGINE)
+    assert run(llm, ps, params) == expected
+    assert llm.engine.overlap and llm.engine.stats().spec_num_accepted_tokens > 0
