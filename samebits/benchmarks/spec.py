@@ -231,5 +231,7 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+# samebits: deterministic because main runs the load and every engine inside deterministic_runtime()
+# (runtime/template.py), which sets these flags and restores them after.
 if __name__ == "__main__":
     raise SystemExit(main())
