@@ -32,6 +32,7 @@ class SampledStep:
         self.row = {s.seq_id: i for i, s in enumerate(seqs)}
         self._host = None if out is None else [
             _copy_to_host(t) for t in (out.token_ids, out.logprobs, out.top_logprob_ids, out.top_logprobs)]
+        self._ranks = None if out is None or out.ranks is None else _copy_to_host(out.ranks)
         self._prompt = None if prompt is None else (prompt.plan, [_copy_to_host(t) for t in prompt.tensors()])
         self._ready = None
         if (out is not None and out.token_ids.is_cuda) or (prompt is not None and prompt.logprobs.is_cuda):
@@ -52,10 +53,12 @@ class SampledStep:
         self._wait()
         # tolist turns float32 into the Python floats of exactly those values: no bit is lost.
         tokens, lps, ids, vals = (t.tolist() for t in self._host)
+        ranks = self._ranks.tolist() if self._ranks is not None else [None] * len(tokens)
         results = {}
-        for s, token, lp, top_ids, top_vals in zip(self.seqs, tokens, lps, ids, vals):
+        for s, token, lp, top_ids, top_vals, rank in zip(self.seqs, tokens, lps, ids, vals, ranks):
             k = s.params.logprobs
-            results[s.seq_id] = StepResult(token, lp, dict(zip(top_ids[:k], top_vals[:k])) if k else {})
+            results[s.seq_id] = StepResult(token, lp, dict(zip(top_ids[:k], top_vals[:k])) if k else {},
+                                           rank if k is not None else None)
         return results
 
     def prompt_to_host(self) -> dict[int, PromptStepResult]:
