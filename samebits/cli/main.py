@@ -271,6 +271,25 @@ def models_table(cached, root: Path, width: int) -> Table:
     return cut_table(f"cached models ({root})", ("name", "size", "path"), [(n, s, p) for n, p, s in rows], width)
 
 
+tokenizer_app = typer.Typer(no_args_is_help=True, help="A model's tokenizer (as served) for other tools.")
+app.add_typer(tokenizer_app, name="tokenizer")
+
+
+@tokenizer_app.command("export")
+def tokenizer_export(
+    folder: Path = typer.Argument(..., help="Folder to write (created if missing)."),
+    model: str = typer.Option("smollm2-135m", help="Model name or path, as serve's --model (GGUF included)."),
+):
+    """Write the model's tokenizer as an HF tokenizer folder (AutoTokenizer.from_pretrained, lm-eval's tokenizer=)."""
+    from samebits.models.loader import load_tokenizer
+
+    try:
+        files = load_tokenizer(model).save_pretrained(folder)
+    except (OSError, ValueError) as e:
+        fail(str(e))
+    console.print(f"wrote {', '.join(f.name for f in files)} to {folder}")
+
+
 @app.command()
 def demo(
     model: str = typer.Option("smollm2-135m"),

@@ -122,6 +122,17 @@ def source_kind(path: Path) -> str:
     raise ValueError(f"cannot load {path}: expected an HF model folder or a .gguf file")
 
 
+def load_tokenizer(name_or_path) -> Tokenizer:
+    """The tokenizer the engine would load for this model, without its weights (`samebits tokenizer export`)."""
+    _, path = resolve_path(name_or_path)
+    if source_kind(path) == HF_FOLDER:
+        return Tokenizer.from_hf_dir(path)
+    from samebits.models.gguf_file import read_gguf
+    from samebits.models.loader_gguf import gguf_tokenizer
+
+    return gguf_tokenizer(read_gguf(path)[0])
+
+
 def _load_path(path: Path, ops, dtype: torch.dtype, track, quantization: str | None = None):
     if source_kind(path) == HF_FOLDER:
         from samebits.models.loader_hf import load_hf_dir

@@ -19,11 +19,12 @@ from samebits.server.admin import add_admin_routes
 from samebits.server.errors import APIError, clip, engine_dead, error_response, map_error, not_found
 from samebits.server.metrics import CONTENT_TYPE
 from samebits.server.middleware import GuardMiddleware
-from samebits.server.protocol import ChatRequest, CompletionRequest
+from samebits.server.protocol import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from samebits.server.requests import chat_job, completion_job, read_model
 from samebits.server.responses import json_response
 from samebits.server.run import STATUS_CLIENT_GONE, respond
 from samebits.server.state import ServerState
+from samebits.server.tokenize import detokenize, tokenize, tokenizer_info
 
 log = logging.getLogger("samebits.server")
 
@@ -113,7 +114,34 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         state.check_model(request.path_params["model"])
         return json_response(_model_card(state), {})
 
+    _add_tokenizer_routes(app, state)
     _add_ops_routes(app, state)
+
+
+async def _tokenizer_call(state: ServerState, request: Request, model: type[BaseModel], answer) -> Response:
+    try:
+        req = await read_model(request, model, state.config.max_body_bytes, state.parse_turn)
+    except ClientDisconnect:
+        state.metrics.disconnects.inc()
+        return Response(status_code=STATUS_CLIENT_GONE)
+    return json_response(await asyncio.to_thread(answer, state, req), {})  # off the loop, as handle() tokenizes
+
+
+def _add_tokenizer_routes(app: FastAPI, state: ServerState) -> None:
+    """vLLM's tokenizer routes (server/tokenize.py), at the root as vLLM has them."""
+    @app.post("/tokenize")
+    @guarded
+    async def tokenize_route(request: Request) -> Response:
+        return await _tokenizer_call(state, request, TokenizeRequest, tokenize)
+
+    @app.post("/detokenize")
+    @guarded
+    async def detokenize_route(request: Request) -> Response:
+        return await _tokenizer_call(state, request, DetokenizeRequest, detokenize)
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info_route() -> Response:
+        return json_response(tokenizer_info(state), {})
 
 
 def _add_ops_routes(app: FastAPI, state: ServerState) -> None:

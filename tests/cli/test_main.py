@@ -74,3 +74,16 @@ def test_serve_bad_tensor_parallel_size_is_one_line_error(served):
     res = run("serve", "/models/a", "--tensor-parallel-size", "3")
     assert_one_line_error(res)
     assert "tensor_parallel_size must be one of (1, 2, 4, 8), got 3" in res.output and served == []
+
+
+def test_tokenizer_export_writes_an_hf_folder_or_one_line_error(tmp_path):
+    from samebits.models.testing import write_tiny_checkpoint
+    from samebits.models.tokenizer import Tokenizer
+
+    model = write_tiny_checkpoint(tmp_path / "ckpt", "llama3")
+    res = run("tokenizer", "export", str(tmp_path / "out"), "--model", str(model))
+    assert res.exit_code == 0, res.output
+    assert Tokenizer.from_hf_dir(tmp_path / "out").encode("a b c") == Tokenizer.from_hf_dir(model).encode("a b c")
+    missing = run("tokenizer", "export", str(tmp_path / "x"), "--model", str(tmp_path / "none"))
+    assert_one_line_error(missing)
+    assert "no model" in missing.output
