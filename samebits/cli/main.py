@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from samebits.cli.options import CONTEXT, field_flags, flag, positional, with_flags
+from samebits.cli.options import CONTEXT, SpreadCommand, field_flags, flag, positional, with_flags
 from samebits.diagnostics.bench.config import BenchConfig
 from samebits.diagnostics.lint.command import lint_command
 from samebits.engine.config import BLOCK_SIZES, OTHER_BLOCK_SIZE
@@ -367,7 +367,14 @@ SERVE_HELP = {
     "mode": "deterministic or fast",
     "policy": "dynamic or bucketed (seed §6.1-6.2's shape buckets and fixed batch windows).",
     "api_keys": "Accepted bearer key (repeat for several).",
-    "served_model_name": "Model name clients send (default: --model).",
+    "served_model_name": "Names clients may send (several: --served-model-name a b); the first is reported "
+                         "(default: --model).",
+    "chat_template": "A Jinja chat template file (or the template itself) instead of the model's own.",
+    "disable_log_requests": "No access log line per request.",
+    "trust_remote_code": "Accepted for vLLM's command lines; not needed: samebits runs no checkpoint code.",
+    "gpu_memory_utilization": "Share of the GPU's memory this engine may hold (weights, activations, KV cache), as "
+                              "vLLM's; default: the KV cache takes 0.8 of the free memory. Ignored on the CPU.",
+    "enforce_eager": "No CUDA graphs (vLLM's name for --no-cuda-graphs).",
     "max_waiting": "Waiting sequences (prompts x n) before 429; a request of more is a 400.",
     "max_waiting_tokens": "Waiting tokens (prompt + max_tokens per sequence) before 429; a request of more is a 400.",
     "max_prompt_chars": "Characters of prompt text per request, refused before tokenizing (default: 32 per token "
@@ -406,7 +413,7 @@ SERVE_FLAGS = [CONTEXT, positional("model_arg", "MODEL", "Model name or path (or
     ServerConfig().engine, SERVE_HELP) + field_flags(ServerConfig(), SERVE_HELP, skip=("engine",))
 
 
-@app.command()
+@app.command(cls=SpreadCommand)
 @with_flags(SERVE_FLAGS)
 def serve(values: dict):
     """The OpenAI-compatible HTTP server (same request, same bits, with numerics headers)."""

@@ -7,6 +7,7 @@ import inspect
 import typing
 
 import typer
+from typer.core import TyperCommand
 
 # Flags not spelled as their field: a repeatable one is named for one value (`--api-key A --api-key B` fills
 # `api_keys`); an output file's is its format's.
@@ -55,3 +56,27 @@ def with_flags(parameters: list[inspect.Parameter]):
         return command
 
     return decorate
+
+
+def spread_values(args: list[str], flags: tuple[str, ...]) -> list[str]:
+    """vLLM's several values after one flag (argparse's nargs="+": `--served-model-name a b`) as click's repeated
+    flag (`--served-model-name a --served-model-name b`): the words after the flag's value, up to the next option."""
+    out, flag, taken = [], None, 0
+    for arg in args:
+        if arg.startswith("-"):
+            flag, taken = (arg, 0) if arg in flags else (None, 0)
+        elif flag is not None:
+            taken += 1
+            if taken > 1:
+                out.append(flag)
+        out.append(arg)
+    return out
+
+
+class SpreadCommand(TyperCommand):
+    """A command whose MULTI_VALUE flags take several values, vLLM's way (spread_values)."""
+
+    MULTI_VALUE = ("--served-model-name",)
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, spread_values(args, self.MULTI_VALUE))

@@ -87,9 +87,9 @@ def _lifespan(state: ServerState):
     return lifespan
 
 
-def _model_card(state: ServerState) -> dict:
-    # root is the served name too: the real name, or the path it was loaded from, stays the operator's.
-    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "samebits",
+def _model_card(state: ServerState, name: str) -> dict:
+    # root is the first served name: the real name, or the path it was loaded from, stays the operator's.
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "samebits",
             "root": state.model_name, "max_model_len": state.max_model_len}
 
 
@@ -106,13 +106,15 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models")
     async def models() -> Response:
-        return json_response({"object": "list", "data": [_model_card(state)]}, {})
+        # One card per served name, as vLLM lists them.
+        return json_response({"object": "list", "data": [_model_card(state, n) for n in state.config.served_names]},
+                             {})
 
     @app.get("/v1/models/{model:path}")
     @guarded
     async def model(request: Request) -> Response:
         state.check_model(request.path_params["model"])
-        return json_response(_model_card(state), {})
+        return json_response(_model_card(state, request.path_params["model"]), {})
 
     _add_tokenizer_routes(app, state)
     _add_ops_routes(app, state)

@@ -87,3 +87,22 @@ def test_tokenizer_export_writes_an_hf_folder_or_one_line_error(tmp_path):
     missing = run("tokenizer", "export", str(tmp_path / "x"), "--model", str(tmp_path / "none"))
     assert_one_line_error(missing)
     assert "no model" in missing.output
+
+
+@pytest.mark.parametrize("args,model,names", [
+    (["serve", "/models/a", "--served-model-name", "x", "y"], "/models/a", ("x", "y")),
+    (["serve", "--served-model-name", "x", "y", "--port", "9", "/models/a"], "/models/a", ("x", "y")),
+    (["serve", "/models/a", "--served-model-name", "x"], "/models/a", ("x",)),
+])
+def test_served_model_name_takes_several_names_vllms_way(served, args, model, names):
+    """`--served-model-name a b` took b as the model path on 2026-12-04; vLLM reads both as names."""
+    res = run(*args)
+    assert res.exit_code == 0, res.output
+    assert served[0].engine.model == model and served[0].served_model_name == names
+    assert served[0].model_name == names[0]
+
+
+def test_chat_template_must_be_a_file_or_a_template(served, tmp_path):
+    res = run("serve", "/models/a", "--chat-template", str(tmp_path / "missing.jinja"))
+    assert_one_line_error(res)
+    assert "chat_template: no file at" in res.output
