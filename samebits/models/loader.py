@@ -77,16 +77,19 @@ def resolve_dtype(dtype, device: str) -> torch.dtype:
 
 
 def resolve_path(name_or_path: str | Path) -> tuple[str, Path]:
-    """A built-in name is fetched into the cache; anything else must be an existing folder or .gguf file."""
-    from samebits.models import hub
+    """A built-in name is fetched into the cache; a Hub id ("org/name") that is no local path is read from the local
+    Hugging Face cache (models/hf_cache.py); anything else must be an existing folder or .gguf file."""
+    from samebits.models import hf_cache, hub
 
     text = str(name_or_path)
     if text in hub.BUILTIN:
         return text, hub.fetch(text)
     path = Path(text).expanduser()
+    if not path.exists() and hf_cache.looks_like_hub_id(text):
+        return text, hf_cache.resolve_hub_id(text)
     if not path.exists():
         raise FileNotFoundError(f"no model {text!r}: not a built-in name ({', '.join(hub.BUILTIN)}), "
-                                "an HF model folder, or a .gguf file")
+                                "an HF model folder, a .gguf file or a Hub id (org/name) in the Hugging Face cache")
     return path.name, path
 
 
