@@ -185,6 +185,22 @@ def test_vllm_offline_names_rejected_on_2026_12_04(llm):
     assert isinstance(llm.llm_engine, LLMEngine) and llm.llm_engine is llm.engine
 
 
+def test_vllm_engine_arguments_are_accepted_on_the_cpu(tmp_path):
+    """LLM(gpu_memory_utilization=0.9) was refused on 2026-12-04; on the CPU it is accepted and the KV pool stays
+    the CPU's fixed one. Two engines of one seed draw the same seeds (vLLM's LLM(seed=...))."""
+    from samebits.engine.model_runner import CPU_KV_TOKENS
+
+    path = str(write_tiny_checkpoint(tmp_path, "llama3", seed=3))
+    kw = {"device": "cpu", "gpu_memory_utilization": 0.9, "max_num_seqs": 4, "enforce_eager": True, "seed": 0}
+    a, b = LLM(model=path, **kw), LLM(model=path, **kw)
+    assert a.config.enforce_eager and not a.config.cuda_graphs and a.config.max_num_seqs == 4
+    runner = a.llm_engine.runner
+    assert runner.num_blocks * runner.block_size == CPU_KV_TOKENS
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    assert [o.seed for o in a.generate([[5, 6]] * 2, params, use_tqdm=False)] == \
+        [o.seed for o in b.generate([[5, 6]] * 2, params, use_tqdm=False)]
+
+
 @pytest.mark.gpu
 def test_two_engines_share_one_gpu_by_gpu_memory_utilization(tmp_path):
     """The issue's second engine in one CUDA process ran out of memory (each took the free memory); with vLLM's
