@@ -119,10 +119,9 @@ class ServerState:
             raise invalid(f"{param} holds {chars} characters of text; this server tokenizes at most "
                           f"{self.max_prompt_chars} per request (max_prompt_chars)", param, "prompt_too_long")
 
-    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode_prompt(self, text: str) -> list[int]:
         """A completion prompt's ids: special-token text in it stays plain text unless the operator allows it."""
-        return self.tokenizer.encode(text, add_special_tokens,
-                                     split_special_tokens=not self.config.allow_special_tokens)
+        return self.tokenizer.encode(text, split_special_tokens=not self.config.allow_special_tokens)
 
     def default_max_tokens(self, prompt_len: int) -> int:
         """max_tokens of a chat request that sends none: the rest of the context, at most the server's cap."""

@@ -1,6 +1,6 @@
 """vLLM's tokenizer routes: POST /tokenize, POST /detokenize, GET /tokenizer_info. lm-evaluation-harness's
-`local-completions` finds them (its remote tokenizer) and needs no tokenizer folder of its own; the ids are the ones
-a completion or chat request with the same text is served with."""
+`local-completions` finds them (its remote tokenizer) and needs no tokenizer folder of its own; a chat's ids are the
+ones a chat request with the same messages is served with."""
 from __future__ import annotations
 
 from samebits.server.errors import invalid
@@ -25,7 +25,9 @@ def tokenize(state: ServerState, req: TokenizeRequest) -> dict:
         raise invalid("send either prompt or messages", "prompt" if req.prompt is None else "messages")
     state.check_text_size(req)
     if req.prompt is not None:
-        ids = state.encode_prompt(req.prompt, req.add_special_tokens is not False)
+        # Special-token text is the special token, as in vLLM's /tokenize (HF's default): lm-eval reads the eos
+        # token's id off it. A client may send any ids as a prompt, so this opens nothing that completions close.
+        ids = state.tokenizer.encode(req.prompt, req.add_special_tokens is not False)
     elif req.add_special_tokens:
         raise invalid("add_special_tokens must be false with messages: the chat template writes them",
                       "add_special_tokens")

@@ -27,7 +27,11 @@ def test_tokenize_gives_the_served_prompt_ids(server, http):
     r = http.post("/tokenize", json={"model": MODEL_NAME, "prompt": text, "return_token_strs": True}).json()
     served = http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": text, "max_tokens": 1}).json()
     assert r["count"] == len(r["tokens"]) == served["usage"]["prompt_tokens"]
-    assert r["tokens"] == server.engine.tokenizer.encode(text, split_special_tokens=True)
+    assert r["tokens"] == server.engine.tokenizer.encode(text)
+    # Special-token text is the special token, as vLLM's /tokenize: lm-eval reads the eos id off it.
+    eos = server.engine.tokenizer.special_tokens["eos_token"]
+    eos_ids = http.post("/tokenize", json={"prompt": eos, "add_special_tokens": False}).json()["tokens"]
+    assert eos_ids == [server.engine.tokenizer.backend.token_to_id(eos)]
     assert "".join(r["token_strs"]) == text and r["max_model_len"] == server.engine.max_model_len
     assert http.post("/tokenize", json={"prompt": text}).json()["token_strs"] is None
     chat = http.post("/tokenize", json={"messages": CHAT}).json()
