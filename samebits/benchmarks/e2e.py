@@ -1,4 +1,5 @@
-"""End-to-end benchmark (GPU): fast vs deterministic vs bucketed vs HF `generate`, on an 8B-shaped random model.
+"""End-to-end benchmark (GPU): fast vs deterministic vs bucketed vs HF `generate`, on an 8B-shaped random model (or
+another shape of diagnostics/bench/shapes.py: `--shape qwen3-30b-a3b`, a mixture of experts, skips HF `generate`).
 
 Also measures how much invariance each mode really has: requests re-run alone vs inside the full load.
 `--quantization none,fp8` runs the same workload on the bf16 model and on its FP8 twin (`--quantization fp8` at load,
@@ -24,6 +25,7 @@ from samebits.diagnostics.bench.report import roofline_cell, steps_table
 from samebits.diagnostics.bench.run import engine_for, kv_tokens_for, measure, pool_tokens, release
 from samebits.diagnostics.bench.shapes import SHAPES, NullTokenizer, random_shape_model
 from samebits.diagnostics.bench.workload import workload
+from samebits.diagnostics.roofline import expert_params, touched_experts
 from samebits.engine.sampling_params import SamplingParams
 from samebits.runtime import deterministic_runtime
 
@@ -46,16 +48,21 @@ def make_engine(loaded, mode: str, policy: str, **kw):
                       max_num_batched_tokens=kw.get("budget", MAX_NUM_BATCHED_TOKENS))
 
 
-def decode_step_ms(engine, prompt_len: int = 512, steps: int = 64) -> float:
-    prompt = list(range(prompt_len))
-    engine.add_request("b1", prompt, SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True))
-    engine.step()  # prefill
-    sync()
-    t = time.perf_counter()
-    while engine.has_unfinished_requests():
+def decode_step_ms(engine, prompt_len: int = 512, steps: int = 64, batch: int = 1) -> float:
+    """A decode step's time at `batch` sequences of prompt_len tokens, after every prompt is prefilled."""
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"b{batch}-{i}", [(i + j) % 1000 for j in range(prompt_len)], params)
+    prefill = -(-batch * prompt_len // (MAX_NUM_BATCHED_TOKENS - batch))  # the decodes share the prefill steps' budget
+    for _ in range(prefill):
         engine.step()
     sync()
-    return 1e3 * (time.perf_counter() - t) / steps
+    t, timed = time.perf_counter(), 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        timed += 1
+    sync()
+    return 1e3 * (time.perf_counter() - t) / timed
 
 
 def hf_generate(shape: dict, batch: int, in_len: int, out_len: int) -> float:
@@ -90,8 +97,15 @@ def engine_batch64(loaded, shape: dict, out_len: int) -> float:
 QUANTIZATIONS = ("none", "fp8", "fp8_per_tensor")
 
 
-def weights_floor_ms(loaded) -> float:
+def weights_floor_ms(loaded, rows: int = 1) -> float:
+    """A decode step of `rows` sequences reading every weight it needs once: all of a dense model's, and of a mixture
+    only the experts `rows` tokens route to (diagnostics/roofline.py touched_experts)."""
     nbytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    cfg = loaded.config
+    if cfg.moe is not None:
+        sparse = sum(cfg.moe.is_sparse(i) for i in range(cfg.num_layers))
+        untouched = cfg.moe.num_experts - touched_experts(cfg, rows)
+        nbytes -= sparse * untouched * expert_params(cfg) * loaded.model.dtype.itemsize
     return 1e3 * nbytes / 4.0e12  # measured copy bandwidth on this H200 is ~4 TB/s (KINDS.md / METHOD.md)
 
 
@@ -128,6 +142,8 @@ def main() -> None:
         bound = workload_bound(loaded.config, work, weights_dtype(loaded.model), DEVICE, max_num_seqs=256)
         report.setdefault("roofline", bound)
         report["weights_floor_ms" if quant == "none" else f"{quant}_weights_floor_ms"] = weights_floor_ms(loaded)
+        if quant == "none":
+            report["weights_floor_b64_ms"] = weights_floor_ms(loaded, 64)
         for mode, policy in (run.split("/") for run in args.modes.split(",")):
             if mode == "deterministic" and quant == "fp8_per_tensor":
                 continue  # refused in deterministic mode (models/quantization.py)
@@ -137,6 +153,7 @@ def main() -> None:
                 stats = measure(engine, work, chosen, warm=args.warm)
                 stats["kv_cache_tokens"] = kv_tokens = pool_tokens(engine)
                 stats["batch1_decode_ms"] = decode_step_ms(engine)
+                stats["batch64_decode_ms"] = decode_step_ms(engine, steps=16 if args.quick else 64, batch=64)
                 stats["of_roofline"] = of_roofline(bound, stats["seconds"])
             report["modes"][f"{prefix}{mode}/{policy}"] = stats
             print(prefix + mode, policy, json.dumps(stats), flush=True)
@@ -154,7 +171,9 @@ def main() -> None:
     if {"fast/dynamic", "deterministic/dynamic"} <= set(report["modes"]):
         fast = report["modes"]["fast/dynamic"]["output_tok_per_s"]
         report["deterministic_tax"] = 1 - report["modes"]["deterministic/dynamic"]["output_tok_per_s"] / fast
-    if not args.skip_hf:
+    if "moe" in shape:
+        report["hf_generate_error"] = "skipped: the HF comparison builds a dense LlamaForCausalLM"
+    elif not args.skip_hf:
         try:
             report["hf_generate_b64_tok_per_s"] = hf_generate(shape, 64, 512, 32 if args.quick else 128)
         except Exception as e:  # noqa: BLE001 - the comparison is optional; say why it is missing
@@ -169,19 +188,21 @@ def print_table(report: dict) -> None:
     from rich.table import Table
 
     t = Table(title=f"e2e {report['shape']}, {report['requests']} requests")
-    for c in ("mode", "tok/s", "of roofline", "TTFT s", "ITL ms", "b1 decode ms", "alone≠loaded"):
+    for c in ("mode", "tok/s", "of roofline", "TTFT s", "ITL ms", "b1 decode ms", "b64 decode ms", "alone≠loaded"):
         t.add_column(c)
     for name, s in report["modes"].items():
         t.add_row(name, f"{s['output_tok_per_s']:.0f}", roofline_cell(s["of_roofline"]), f"{s['ttft_mean_s']:.2f}",
                   f"{s['itl_mean_ms']:.1f}",
-                  f"{s['batch1_decode_ms']:.2f}", f"{s['alone_vs_loaded_mismatches']}/{s['checked']}")
+                  f"{s['batch1_decode_ms']:.2f}", f"{s['batch64_decode_ms']:.2f}",
+                  f"{s['alone_vs_loaded_mismatches']}/{s['checked']}")
     Console().print(t)
     Console().print(steps_table(report["modes"]))
     r = report["roofline"]
     bound = (f"roofline {r['total_s']:.2f} s (prefill {r['prefill_s']:.2f}, decode {r['decode_s']:.2f})"
              if r["total_s"] is not None else f"roofline n/a ({r['reason']})")
     nan = float("nan")
-    print(f"{bound}; weights floor {report.get('weights_floor_ms', nan):.2f} ms; "
+    print(f"{bound}; weights floor {report.get('weights_floor_ms', nan):.2f} ms "
+          f"(b64 {report.get('weights_floor_b64_ms', nan):.2f}); "
           f"deterministic tax {report.get('deterministic_tax', nan):.1%}; "
           f"engine b64 {report.get('engine_b64_tok_per_s', nan):.0f} tok/s; "
           f"HF generate b64 {report.get('hf_generate_b64_tok_per_s', nan):.0f} tok/s")

@@ -1,13 +1,25 @@
-"""Issue 15 on the GPU: a 1B-shaped random bf16 Llama; the rollout logprobs of 256 sampled requests against the
-trainer's (raw and sampling distribution, shuffled micro-batches), and the trainer's forward+backward time per token
-against transformers' LlamaForCausalLM doing the same step.
+"""The RL trainer on the GPU, one shape a run: rollout = trainer parity and the trainer's speed and memory.
 
-    python -m samebits.benchmarks.rl --out OUT [--requests 256]
+1. Parity: a random bf16 Llama of the shape samples 256 rollouts (prompts 64-384 tokens, 128 tokens each: 32,768
+   tokens); the samebits trainer's logprobs are compared with the rollout's bit for bit (raw distribution in shuffled
+   micro-batches, the sampling distribution on 32 sequences); the same weights on stock kernels are the negative
+   control.
+2. One trainer step (16 sequences, the completion tokens' logprobs summed, forward + backward), each trainer built
+   alone on the GPU: samebits `Policy` (fused backward), the same with activation checkpointing, the reference
+   backward it replaces, the stock-kernel control, and transformers' LlamaForCausalLM (right-padded batch, SDPA, bf16):
+   µs per real token and peak memory (weights, gradients and activations).
+3. Gradients at scale: samebits' run to run and with the micro-batch's sequences listed in reverse (bit for bit), and
+   against transformers' (max |difference| / max |reference|, per tensor); at 1B both against transformers' in fp32
+   from the same weights, the error each bf16 trainer makes.
+
+    python -m samebits.benchmarks.rl --out OUT --shape 1b          (~4 min on an H200)
+    python -m samebits.benchmarks.rl --out OUT --shape 8b --quick  (~6 min)
     python -m samebits.benchmarks.rl --out OUT --device cpu --shape tiny --requests 8 --skip-hf   (a smoke run)
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import time
@@ -16,31 +28,27 @@ from types import SimpleNamespace
 
 import torch
 
+from samebits.diagnostics.bench.shapes import SHAPES, NullTokenizer
 from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams
 from samebits.kernels import get_ops
 from samebits.models.config import ModelConfig
+from samebits.models.llama import LlamaModel
 from samebits.models.loader import LoadedModel
 from samebits.models.testing import random_model
 from samebits.rl.policy import Policy
 from samebits.rl.rollout import engine_logprobs
 from samebits.runtime import deterministic_runtime
 
-SHAPE_1B = {"architecture": "llama", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
-            "num_layers": 16, "num_heads": 32, "num_kv_heads": 8, "head_dim": 64, "max_position_embeddings": 8192,
-            "rope_theta": 500000.0}
-SHAPES = {"1b": SHAPE_1B, "tiny": {**SHAPE_1B, "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512,
-                                   "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}}
 DEVICE = "cuda"
 PARAMS = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=128, logprobs=0, ignore_eos=True)
-
-
-class NullTokenizer:
-    eos_token_ids: frozenset[int] = frozenset()
-
-    def decode(self, ids, skip_special_tokens=True) -> str:
-        return ""
+# name -> (Policy keyword arguments); transformers is the last row, built apart.
+TRAINERS = {"samebits": {}, "samebits_checkpointed": {"checkpoint": True},
+            "samebits_reference_backward": {"backward": "reference"}, "stock_kernels": {"mode": "fast"}}
+LABELS = {"samebits": "samebits Policy", "samebits_checkpointed": "samebits, checkpointed layers",
+          "samebits_reference_backward": "samebits, reference backward (before)",
+          "stock_kernels": "stock kernels (control)", "hf": "transformers (SDPA, bf16)"}
 
 
 def bits(t) -> torch.Tensor:
@@ -76,19 +84,29 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def empty_cache() -> None:
+def release() -> None:
+    gc.collect()
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
 
 
-def time_step(fn, repeats: int = 3) -> float:
-    fn()
+def measure(step, tokens: int, repeats: int) -> dict:
+    """Seconds per step after one warm-up, µs per token, and the peak memory from the trainer's weights on."""
+    release()
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    resident = torch.cuda.memory_allocated() if DEVICE == "cuda" else 0
+    step()
     sync()
     t = time.perf_counter()
     for _ in range(repeats):
-        fn()
+        step()
     sync()
-    return (time.perf_counter() - t) / repeats
+    seconds = (time.perf_counter() - t) / repeats
+    out = {"step_s": seconds, "us_per_token": 1e6 * seconds / tokens, "weights_gib": resident / 2**30}
+    if DEVICE == "cuda":
+        out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
 
 
 def trainer_step(policy, prompts, completions):
@@ -118,23 +136,137 @@ def hf_step(hf, prompts, completions):
             rows = lp[i, len(p) - 1:len(p) - 1 + len(c)]
             loss = loss - rows.gather(1, torch.tensor(c, device=DEVICE)[:, None]).sum()
         loss.backward()
-    return run
+    return run, len(seqs) * width
 
 
-def hf_model(shape, policy):
+def hf_model(config: ModelConfig, source: LlamaModel):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"],
-                      intermediate_size=shape["intermediate_size"], num_hidden_layers=shape["num_layers"],
-                      num_attention_heads=shape["num_heads"], num_key_value_heads=shape["num_kv_heads"],
-                      max_position_embeddings=shape["max_position_embeddings"], rope_theta=shape["rope_theta"],
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+                      intermediate_size=config.intermediate_size, num_hidden_layers=config.num_layers,
+                      num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
+                      head_dim=config.head_dim, max_position_embeddings=config.max_position_embeddings,
+                      rope_theta=config.rope_theta, rms_norm_eps=config.rms_norm_eps, tie_word_embeddings=False,
+                      attn_implementation="sdpa")
     with torch.device(DEVICE):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        model = LlamaForCausalLM(cfg).to(source.dtype)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.copy_(policy.model.destination(name))  # the same weights
+            p.copy_(source.destination(name))  # the same weights
     return model.train()
+
+
+def grads_of(policy) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in policy.model.named_parameters()}
+
+
+def same_grads(a: dict, b: dict) -> bool:
+    return all(torch.equal(a[n].view(torch.int16 if a[n].element_size() == 2 else torch.int32),
+                           b[n].view(torch.int16 if b[n].element_size() == 2 else torch.int32)) for n in a)
+
+
+def parity(args, config, dtype, report: dict):
+    """Stage 1; returns the prompts and completions the trainer steps take."""
+    model = random_model(config, get_ops("deterministic", DEVICE), dtype, seed=0)
+    loaded = LoadedModel(model, NullTokenizer(), config, f"random-{args.shape}", Path("."))
+    cfg = EngineConfig(model="random", mode="deterministic", device=DEVICE, dtype=str(dtype).split(".")[-1],
+                       max_num_batched_tokens=8192, max_num_seqs=256, kv_cache_tokens=args.requests * 512 + 8192)
+    engine = LLMEngine(cfg, loaded)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(config.vocab_size) for _ in range(rng.randint(64, 384))] for _ in range(args.requests)]
+    t = time.perf_counter()
+    completions, reported = rollouts(engine, prompts)
+    report["rollout_s"] = time.perf_counter() - t
+    report["tokens_compared"] = sum(len(c) for c in completions)
+    policy = Policy.from_model(model)
+    for micro in args.micro_batches:
+        report[f"raw_mismatched_tokens_micro{micro}"] = compare(policy, prompts, completions, reported, micro, micro)
+    llm = SimpleNamespace(engine=engine, config=cfg)
+    sub = slice(0, 32)
+    engine_side = engine_logprobs(llm, prompts[sub], completions[sub], PARAMS)
+    report["sampling_mismatched_tokens_32seqs"] = compare(policy, prompts[sub], completions[sub], engine_side, 5, 1,
+                                                          PARAMS)
+    del policy
+    fast = Policy.from_model(model, mode="fast")
+    report["stock_kernels_mismatched_tokens"] = compare(fast, prompts, completions, reported, 32, 0)
+    print(json.dumps(report), flush=True)
+    return prompts, completions
+
+
+def build(config, dtype, mode: str = "deterministic", **policy_args) -> Policy:
+    """A trainer alone on the device, with the engine's weights (random_model is seeded: the same tensors)."""
+    return Policy(random_model(config, get_ops(mode, DEVICE), dtype, seed=0), mode, **policy_args)
+
+
+def trainers(args, config, dtype, prompts, completions, report: dict) -> dict | None:
+    """Stage 2 and samebits' part of stage 3; returns samebits' gradients on the host for the comparison."""
+    mp, mc = prompts[:args.micro], completions[:args.micro]
+    tokens = report["timed_step_tokens"] = sum(len(p) + len(c) - 1 for p, c in zip(mp, mc))
+    names = [n for n in TRAINERS if not (args.quick and n == "samebits_reference_backward")]
+    host_grads = None
+    for name in names:
+        kwargs = dict(TRAINERS[name])
+        policy = build(config, dtype, kwargs.pop("mode", "deterministic"), **kwargs)
+        report[name] = measure(trainer_step(policy, mp, mc), tokens, args.repeats)
+        print(name, json.dumps(report[name]), flush=True)
+        if name == "samebits":
+            first = grads_of(policy)
+            trainer_step(policy, mp, mc)()
+            report["grads_bitwise_run_to_run"] = same_grads(first, grads_of(policy))
+            trainer_step(policy, mp[::-1], mc[::-1])()
+            report["grads_bitwise_packing_order"] = same_grads(first, grads_of(policy))
+            host_grads = {n: g.cpu() for n, g in first.items()}
+            del first
+        del policy
+        release()
+    return host_grads
+
+
+def in_our_names(config, hf, dtype) -> dict[str, torch.Tensor]:
+    """An HF module's gradients on the host under our (fused) parameter names."""
+    ours = LlamaModel(config, get_ops("fast", "cpu"), dtype)
+    ours.load_weights((n, p.grad) for n, p in hf.named_parameters())
+    return {n: p.detach() for n, p in ours.named_parameters()}
+
+
+def summarize(ours: dict, reference: dict, report: dict, key: str) -> None:
+    """Per tensor max |ours - reference| / max |reference|: the largest, the median and the worst tensor's name."""
+    errors = {}
+    for name, ref in reference.items():
+        a, b = ours[name].to(DEVICE).float(), ref.to(DEVICE).float()
+        errors[name] = float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+    report[f"{key}_max"] = max(errors.values())
+    report[f"{key}_median"] = sorted(errors.values())[len(errors) // 2]
+    report[f"{key}_worst_tensor"] = max(errors, key=errors.get)
+
+
+def transformers_step(args, config, dtype, prompts, completions, report: dict, host_grads) -> None:
+    """Stage 2's transformers row and stage 3's comparisons: samebits' gradients against transformers' in the same
+    dtype, and both against transformers' in fp32 from the same weights (where it fits: not at 8B)."""
+    mp, mc = prompts[:args.micro], completions[:args.micro]
+    source = random_model(config, get_ops("fast", DEVICE), dtype, seed=0)
+    fp32_fits = DEVICE == "cuda" and 16 * sum(p.numel() for p in source.parameters()) < \
+        torch.cuda.get_device_properties(DEVICE).total_memory // 2
+    hf = hf_model(config, source)
+    del source
+    release()
+    step, padded = hf_step(hf, mp, mc)
+    report["hf"] = measure(step, report["timed_step_tokens"], args.repeats)
+    report["hf"]["padded_tokens"] = padded
+    print("hf", json.dumps(report["hf"]), flush=True)
+    if host_grads is None:
+        return
+    hf_grads = in_our_names(config, hf, dtype)
+    summarize(host_grads, hf_grads, report, "grad_rel_err_samebits_vs_hf")
+    if args.quick or not fp32_fits:
+        return
+    hf.zero_grad(set_to_none=True)
+    hf.float()  # the same weights, exactly
+    release()
+    hf_step(hf, mp, mc)[0]()
+    truth = in_our_names(config, hf, torch.float32)
+    summarize(host_grads, truth, report, "grad_rel_err_samebits_vs_fp32")
+    summarize(hf_grads, truth, report, "grad_rel_err_hf_vs_fp32")
 
 
 def main() -> None:
@@ -144,80 +276,56 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=16, help="sequences per timed trainer step")
     ap.add_argument("--shape", default="1b", choices=sorted(SHAPES))
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true", help="parity in micro-batches of 32 only, 2 timed steps, no "
+                                                          "reference-backward row")
     ap.add_argument("--skip-hf", action="store_true")
     args = ap.parse_args()
+    args.micro_batches = (32,) if args.quick else (1, 7, 32)
+    args.repeats = 2 if args.quick else 3
     global DEVICE
     DEVICE = args.device
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"shape": args.shape, "requests": args.requests}
-    shape = SHAPES[args.shape]
+    report = {"shape": args.shape, "requests": args.requests, "quick": args.quick}
+    config = ModelConfig(**SHAPES[args.shape])
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     with deterministic_runtime():
-        config = ModelConfig(**shape)
-        model = random_model(config, get_ops("deterministic", DEVICE), dtype, seed=0)
-        loaded = LoadedModel(model, NullTokenizer(), config, f"random-{args.shape}", Path("."))
-        cfg = EngineConfig(model="random", mode="deterministic", device=DEVICE, dtype=str(dtype).split(".")[-1],
-                           max_num_batched_tokens=8192, max_num_seqs=256, kv_cache_tokens=262144)
-        engine = LLMEngine(cfg, loaded)
-        rng = random.Random(0)
-        prompts = [[rng.randrange(shape["vocab_size"]) for _ in range(rng.randint(64, 384))]
-                   for _ in range(args.requests)]
-        t = time.perf_counter()
-        completions, reported = rollouts(engine, prompts)
-        report["rollout_s"] = time.perf_counter() - t
-        report["rollout_tokens"] = sum(len(c) for c in completions)
-        policy = Policy.from_model(model)
-        for micro in (1, 7, 32):
-            report[f"raw_mismatched_tokens_micro{micro}"] = compare(policy, prompts, completions, reported, micro, micro)
-        llm = SimpleNamespace(engine=engine, config=cfg)
-        sub = slice(0, 32)
-        engine_side = engine_logprobs(llm, prompts[sub], completions[sub], PARAMS)
-        report["sampling_mismatched_tokens_32seqs"] = compare(policy, prompts[sub], completions[sub], engine_side, 5, 1,
-                                                              PARAMS)
-        fast = Policy.from_model(model, mode="fast")
-        report["stock_kernels_mismatched_tokens"] = compare(fast, prompts, completions, reported, 32, 0)
-        report["tokens_compared"] = report["rollout_tokens"]
-        print(json.dumps(report), flush=True)
-        (args.out / "rl.json").write_text(json.dumps(report, indent=2))
-        del engine, llm
-        empty_cache()
-        mp, mc = prompts[:args.micro], completions[:args.micro]
-        tokens = sum(len(p) + len(c) - 1 for p, c in zip(mp, mc))
-        report["timed_step_tokens"] = tokens
-        report["samebits_step_s"] = time_step(trainer_step(policy, mp, mc))
-        report["stock_kernels_step_s"] = time_step(trainer_step(fast, mp, mc))
-        del fast
-        empty_cache()
+        prompts, completions = parity(args, config, dtype, report)
+        release()
+        host_grads = trainers(args, config, dtype, prompts, completions, report)
     if not args.skip_hf:
-        hf = hf_model(shape, policy)
-        del policy
-        empty_cache()
-        report["hf_step_s"] = time_step(hf_step(hf, mp, mc))
-    for k in ("samebits", "stock_kernels", "hf"):
-        if f"{k}_step_s" in report:
-            report[f"{k}_us_per_token"] = 1e6 * report[f"{k}_step_s"] / tokens
-    if DEVICE == "cuda":
-        report["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        transformers_step(args, config, dtype, prompts, completions, report, host_grads)
     (args.out / "rl.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     print_table(report)
     plot(report, args.out / "rl.png")
 
 
+def _ratio(report: dict, key: str, field: str) -> str:
+    if "hf" not in report or field not in report[key] or field not in report["hf"]:
+        return "-"
+    return f"{report[key][field] / report['hf'][field]:.2f}x"
+
+
 def print_table(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"trainer vs rollout, {report['shape']} shape, {report['tokens_compared']} tokens")
-    for c in ("trainer", "tokens differing", "µs/token fwd+bwd"):
+    t = Table(title=f"RL trainer, {report['shape']} shape: parity over {report['tokens_compared']} rollout tokens, one "
+                    f"step of {report['timed_step_tokens']} tokens")
+    for c in ("trainer", "tokens differing", "µs/token fwd+bwd", "vs transformers", "peak GiB", "vs transformers"):
         t.add_column(c)
-    micro = ", ".join(str(report[f"raw_mismatched_tokens_micro{m}"]) for m in (1, 7, 32))
-    rows = (("samebits, micro 1/7/32", micro, "samebits"), ("stock kernels", str(report["stock_kernels_mismatched_tokens"]),
-                                                             "stock_kernels"), ("transformers", "-", "hf"))
-    for name, bad, key in rows:
-        us = report.get(f"{key}_us_per_token")
-        t.add_row(name, bad, "-" if us is None else f"{us:.1f}")
+    micro = "/".join(str(v) for k, v in report.items() if k.startswith("raw_mismatched_tokens_micro"))
+    bad = {"samebits": micro, "stock_kernels": str(report["stock_kernels_mismatched_tokens"])}
+    for key in (*TRAINERS, "hf"):
+        if key not in report:
+            continue
+        row = report[key]
+        peak = f"{row['peak_gib']:.1f}" if "peak_gib" in row else "-"
+        t.add_row(LABELS[key], bad.get(key, "-"), f"{row['us_per_token']:.1f}", _ratio(report, key, "us_per_token"),
+                  peak, _ratio(report, key, "peak_gib"))
     Console().print(t)
+    grads = {k: v for k, v in report.items() if k.startswith("grad")}
+    Console().print(f"gradients: {grads}")
 
 
 def plot(report: dict, path: Path) -> None:
@@ -226,12 +334,15 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [k for k in ("samebits", "stock_kernels", "hf") if f"{k}_us_per_token" in report]
-    fig, ax = plt.subplots(figsize=(6, 3))
-    ax.barh(names, [report[f"{k}_us_per_token"] for k in names])
-    ax.set_xlabel("trainer forward + backward, µs per token")
-    ax.set_title(f"{report['shape']}: samebits {report['raw_mismatched_tokens_micro1']} tokens differ, stock "
-                 f"{report['stock_kernels_mismatched_tokens']}")
+    names = [k for k in (*TRAINERS, "hf") if k in report]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.2), sharey=True)
+    left.barh([LABELS[k] for k in names], [report[k]["us_per_token"] for k in names])
+    left.set_xlabel("forward + backward, µs per token")
+    if all("peak_gib" in report[k] for k in names):
+        right.barh([LABELS[k] for k in names], [report[k]["peak_gib"] for k in names])
+    right.set_xlabel("peak memory, GiB")
+    fig.suptitle(f"{report['shape']}: samebits tokens differing from the rollout "
+                 f"{report.get('raw_mismatched_tokens_micro32')}, stock {report['stock_kernels_mismatched_tokens']}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

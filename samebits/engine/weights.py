@@ -8,7 +8,7 @@ the policy that produced it.
 
 A source is a mapping of names to tensors, or a module (its parameters or state). Names are either ours (a
 LlamaModel's own parameter names, e.g. a samebits Policy's, optionally under a common `model.` prefix) or HF's (a
-transformers LlamaForCausalLM's state dict, a checkpoint's tensors).
+transformers LlamaForCausalLM's state dict, a checkpoint's tensors; a transformers 5 MoE module's stacked experts).
 """
 from __future__ import annotations
 
@@ -107,6 +107,7 @@ def plan(model: LlamaModel, tensors: dict[str, torch.Tensor]) -> list[tuple[torc
         expected, pairs = set(own), [(own[n].data, t) for n, t in tensors.items()]
         unexpected = []
     else:
+        tensors = dict(model.hf_named(tensors.items()))  # a mixture's stacked experts, one per expert
         expected = model.expected_weight_names()
         unexpected = sorted(n for n in tensors if n not in expected and not model.ignorable(n))
         pairs = [(model.destination(n), t) for n, t in tensors.items() if n in expected]

@@ -195,6 +195,64 @@ TILE_CONFIGS["tensor_parallel"] = {
     "tp_max-way split, so every GEMM has the same shape at every t. 8: the largest TP of one H200 host (issue 17).",
 }
 
+TILE_CONFIGS["moe"] = {
+    # tiles: [max_T, BM, BN, BK, num_warps, num_stages], the first row whose max_T >= the step's tokens T.
+    "config": {
+        "tiles": [
+            [32, 16, 64, 128, 4, 4],
+            [128, 16, 128, 128, 8, 3],
+            [256, 32, 128, 128, 8, 3],
+            [1024, 64, 128, 64, 4, 4],
+            [1 << 62, 128, 128, 64, 8, 4],
+        ],
+        "combine_block": 1024, "combine_warps": 4,
+        "routing": "router logits by the invariant linear; float32 softmax over the experts (one row per program); "
+                   "top k by (score, then the lower expert index); the k weights renormalised (norm_topk_prob) by a "
+                   "sum taken left to right in rank order",
+        "combine": "by top-k rank: acc = w0 * y0, then acc = acc + wj * yj, float32, no FMA, rounded once",
+        "expert_k_order": "in sequence, one tl.dot per BK step (CUDA); the proven CPU GEMM per expert (CPU)",
+    },
+    "why": "A token's expert output must not depend on how many other tokens chose that expert: pairs (token, rank) "
+    "are sorted by expert into BM-row blocks and every row is reduced over K in sequence into one float32 "
+    "accumulator (no split-K, no atomics), which on the H200 gives a row the same bits in every tile shape "
+    "(`matmul`), so the tile may follow the step's token count; tests/kernels/triton/test_moe_gpu.py holds the "
+    "fused kernels to the dense kernel's bits per expert at every row of this table and whatever the experts' "
+    "loads. Ties in the top k go to the lower expert index (kernels/moe.py keys each score with its index), a "
+    "function of the row alone. The combine folds the k outputs by top-k rank rather than expert id: the rank "
+    "order is the router's own output order, so no per-row sort is needed, and the largest weight comes first; "
+    "each step is one IEEE operation on the row's values, so CPU and GPU, vector width and thread count agree on "
+    "it. Tiles: decode steps give an expert a few rows (16- and 32-row blocks, wide K steps to stream its weights), "
+    "prefill hundreds (64- and 128-row blocks), after vLLM's H100 fused-MoE table for E=128, N=768 (Qwen3-30B-A3B; "
+    "its BN of the gate/up GEMM halved here, where one program holds a gate and an up tile); not yet tuned on the "
+    "H200.",
+}
+
+TILE_CONFIGS["attention.backward"] = {
+    # head_dim -> [BM query rows, BN keys, num_warps, num_stages] of both passes
+    "config": {"tiles": {"64": [64, 64, 4, 2], "128": [64, 64, 8, 2]},
+               "dq": "a query block's keys in order 0..diagonal: a logsumexp pass, then dQ += dS K tile by tile",
+               "dkdv": "a key block's query heads g = 0..G-1, each one's query blocks in order diagonal..end: "
+                       "dV += P^T dO, dK += dS^T Q"},
+    "why": "The RL trainer's attention backward (triton/attention_bwd.py), FlashAttention-2's two passes without a "
+    "float atomic: every dQ, dK and dV element is written by exactly one program, which adds its terms in the order "
+    "above, a function of the tile and of the sequence's own length; tiles start at the sequence's first token, so a "
+    "sequence's gradient never depends on what else is packed. BM and BN change bits (they group the MMA's sums), the "
+    "warps and stages do not above 2 warps (attention.query_tile). Reasoned, not swept: attention is under 2 % of a "
+    "1B/8B training step at RL lengths.",
+}
+
+TILE_CONFIGS["train.backward"] = {
+    "config": {"token_rows": 32, "column_block": 128, "column_warps": 4, "norm_warps": 8, "max_hidden": 16384,
+               "cpu_tokens": 256, "merge": "float32 partials added in split order 0..n-1, rounded once"},
+    "why": "The RL trainer's weight gradients of norms and biases sum over the packed tokens: cut into fixed splits of "
+    "token_rows rows, each split one program adding its rows in order, the float32 partials merged in split order "
+    "(triton/column_sum.py), so the order is a function of the token count alone. Linear weight gradients are the "
+    "invariant matmul with the tokens as K, accumulated in sequence (triton/matmul.py). On the CPU a linear's weight "
+    "gradient is cut into cpu_tokens-token chunks (the last zero-padded), one proven GEMM each (cpu/gemm.py: a shape "
+    "proven once, not once per token count), added in chunk order; the norm and bias sums take the halving tree "
+    "(cpu/reduce.py).",
+}
+
 TILE_CONFIGS["fp8"] = {
     "config": {"format": "float8_e4m3fn", "max": 448.0, "k_step": 128, "min_scale_exp": -64,
                "activation_scale": "2^e, the least e with amax <= max * 2^e (amax of the row, or of the row's "
@@ -224,7 +282,7 @@ TILE_CONFIGS["fp8"] = {
 TILE_CONFIGS["matmul_fp8"] = {
     # Rows: [max_M, BM, BN, BK, num_warps, num_stages, GROUP_M, FUSED]; the first row whose max_M >= M is used.
     "config": [
-        [4, 64, 16, 128, 4, 6, 1, 1],
+        [4, 64, 16, 128, 4, 6, 1, 0],
         [16, 64, 32, 128, 4, 6, 1, 0],
         [64, 64, 64, 128, 4, 5, 8, 0],
         [256, 64, 128, 128, 4, 4, 8, 0],
@@ -237,8 +295,9 @@ TILE_CONFIGS["matmul_fp8"] = {
     "(16-32 weight rows a program, the full K loop each) so that 8B's N = 4096 still gives 128-256 programs "
     "streaming the weights; prefill rows take 128x128 tiles at 8 warps (the sum and the step both live in "
     "registers: 128x256 would spill). FUSED: the program quantises its own activation rows (the row max in a "
-    "prologue over K, then each tile as it is loaded) instead of a separate kernel, the same arithmetic, for M <= 4 "
-    "where re-reading the rows per program costs nothing and the saved launch is a decode step's time. Tiles are "
+    "prologue over K, then each tile as it is loaded) instead of a separate kernel, the same arithmetic (the same "
+    "bits, checked by benchmarks/fp8.py); off in every row: on the H200 the fused M <= 4 launch took 10x the "
+    "quantise-then-GEMM pair at the 8B shapes (its prologue runs once per program, N / BN of them). Tiles are "
     "reasoned, not yet swept on the H200 (benchmarks/fp8.py --sweep times the alternatives and checks their bits).",
 }
 

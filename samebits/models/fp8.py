@@ -58,7 +58,10 @@ class Fp8DecoderLayer(DecoderLayer):
 
 def check_layout(config: ModelConfig, recipe: Fp8Recipe) -> None:
     """Block scales of fused linears split at part boundaries only: each part a whole number of blocks (vLLM's
-    requirement too)."""
+    requirement too). A mixture of experts has no FP8 form here (its experts are models/moe.py's)."""
+    if config.moe is not None:
+        raise UnsupportedModelError(f"FP8 (quantization_config or --quantization) of a mixture of experts "
+                                    f"({config.architecture}) is not implemented; load its bf16 checkpoint")
     if recipe.weights != "block":
         return
     rows = recipe.block[0]

@@ -5,7 +5,7 @@ import copy
 import functools
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,7 +41,7 @@ class LoadedModel:
         """The model's fields of the fingerprint: its weights, their dtype, the config the weights compute under (the
         same weights with another rope_theta or eps give other bits), and the FP8 recipe of its linears (method,
         weight block, activation scaling; None: dense)."""
-        config = json.dumps(asdict(self.config), sort_keys=True).encode()
+        config = json.dumps(self.config.hashed_fields(), sort_keys=True).encode()
         recipe = self.model.recipe
         return {"weights": self.weights, "dtype": str(self.model.dtype).removeprefix("torch."),
                 "model_config": hashlib.sha256(config).hexdigest()[:16],

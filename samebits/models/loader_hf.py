@@ -11,6 +11,7 @@ from safetensors import safe_open
 from samebits.models import quantization as q
 from samebits.models.config import ModelConfig, _as_ids
 from samebits.models.llama import LlamaModel
+from samebits.models.registry import build_model
 from samebits.models.tokenizer import Tokenizer
 from samebits.progress import untracked
 
@@ -81,7 +82,7 @@ def load_hf_dir(path: Path, ops, dtype: torch.dtype, track=untracked,
     tokenizer = Tokenizer.from_hf_dir(path, extra_eos_ids=config.eos_token_ids + generation_eos_ids(path))
     tensors = track(iter_tensors(files), total=tensor_count(files))
     if quant is None:
-        model = LlamaModel(config, ops, dtype)
+        model = build_model(config, ops, dtype)
         model.load_weights(tensors)
     else:
         model = q.Fp8LlamaModel(config, ops, dtype, quant.recipe)

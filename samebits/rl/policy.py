@@ -5,6 +5,8 @@ scratch paged KV cache and returns each completion token's logprob, differentiab
 engine's invariant kernels, which give a row the same bits whatever else is in the batch, and in prefill as in
 decode; so the trainer's logprobs are the rollout's bit for bit, whatever the trainer's batch composition,
 micro-batch size or order. `sampling_params` switches from the raw distribution to the sampling one (rl/sampling.py).
+A micro-batch is packed in an order of its own (`packing_order`), so its gradient's bits do not depend on the order
+the caller lists its sequences in either.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from samebits.kernels.common import to_device
 from samebits.kernels.kv_cache import allocate_kv_cache
 from samebits.models.config import ModelConfig
 from samebits.models.llama import LlamaModel
+from samebits.models.registry import build_model
 from samebits.rl.sampling import per_row_params, token_logprobs
 from samebits.rl.train_ops import TrainOps
 
@@ -27,14 +30,18 @@ BLOCK_SIZE = 16
 
 class Policy(nn.Module):
     """Owns its weights (trainable parameters of a LlamaModel); `mode` picks the forward's kernels: deterministic
-    (the engine's) or fast (stock torch, the negative control)."""
+    (the engine's) or fast (stock torch, the negative control). `backward`: "fused" (deterministic mode's default) or
+    "reference" (rl/train_ops.py); `checkpoint`: recompute each decoder layer's forward in the backward instead of
+    keeping its activations (the same bits: the forward is deterministic)."""
 
-    def __init__(self, model: LlamaModel, mode: str = "deterministic"):
+    def __init__(self, model: LlamaModel, mode: str = "deterministic", backward: str | None = None,
+                 checkpoint: bool = False):
         super().__init__()
         _refuse_fp8(model)
-        model.set_ops(TrainOps(get_ops(mode, model.device)))
+        model.set_ops(TrainOps(get_ops(mode, model.device), backward))
         for p in model.parameters():
             p.requires_grad_(True)
+        model.checkpoint_layers = checkpoint
         self.model = model.train()
 
     @property
@@ -47,30 +54,34 @@ class Policy(nn.Module):
 
     # ---- loading -------------------------------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, name_or_path, device=None, dtype=None, mode: str = "deterministic") -> Policy:
+    def from_pretrained(cls, name_or_path, device=None, dtype=None, mode: str = "deterministic",
+                        backward: str | None = None, checkpoint: bool = False) -> Policy:
         """From a built-in name, an HF folder or a GGUF file: the engine's loader, so the engine's weights."""
         from samebits.models import load_model
 
-        return cls(load_model(name_or_path, mode, device, dtype).model, mode)
+        return cls(load_model(name_or_path, mode, device, dtype).model, mode, backward, checkpoint)
 
     @classmethod
-    def from_hf(cls, hf_model: nn.Module, device=None, dtype=None, mode: str = "deterministic") -> Policy:
-        """From a transformers LlamaForCausalLM (or Mistral/Qwen2/Qwen3) module's config and weights."""
+    def from_hf(cls, hf_model: nn.Module, device=None, dtype=None, mode: str = "deterministic",
+                backward: str | None = None, checkpoint: bool = False) -> Policy:
+        """From a transformers LlamaForCausalLM (or Mistral, Qwen2, Qwen3 and the MoE families) module's config and
+        weights."""
         config = ModelConfig.from_hf(hf_model.config.to_dict())
         first = next(hf_model.parameters())
-        model = LlamaModel(config, get_ops(mode, device or first.device), dtype or first.dtype)
+        model = build_model(config, get_ops(mode, device or first.device), dtype or first.dtype)
         model.load_weights(hf_model.state_dict().items())
-        return cls(model, mode)
+        return cls(model, mode, backward, checkpoint)
 
     @classmethod
-    def from_model(cls, source: LlamaModel, device=None, mode: str = "deterministic") -> Policy:
+    def from_model(cls, source: LlamaModel, device=None, mode: str = "deterministic", backward: str | None = None,
+                   checkpoint: bool = False) -> Policy:
         """A trainable copy of a samebits model's weights (e.g. an engine's: `llm.engine.loaded.model`)."""
         _refuse_fp8(source)
-        model = LlamaModel(source.config, get_ops(mode, device or source.device), source.dtype)
+        model = build_model(source.config, get_ops(mode, device or source.device), source.dtype)
         with torch.no_grad():
             for mine, theirs in zip(model.parameters(), source.parameters(), strict=True):
                 mine.copy_(theirs)
-        return cls(model, mode)
+        return cls(model, mode, backward, checkpoint)
 
     # ---- the forward ---------------------------------------------------------------------------------------------
     def forward(self, prompts, completions, sampling_params=None) -> list[torch.Tensor]:
@@ -83,6 +94,10 @@ class Policy(nn.Module):
         `sampling_params`: None for the raw distribution, or a SamplingParams (one for all, or one per sequence)
         for the distribution the sampler drew from under it."""
         self._check(prompts, completions)
+        order = packing_order(prompts, completions)
+        prompts, completions = [prompts[i] for i in order], [completions[i] for i in order]
+        if sampling_params is not None and isinstance(sampling_params, (list, tuple)):
+            sampling_params = [sampling_params[i] for i in order]
         params = per_row_params(sampling_params, completions)
         # Row p predicts token p + 1, so a completion's last token is never an input.
         seqs = [list(p) + list(c)[:-1] for p, c in zip(prompts, completions)]
@@ -94,8 +109,11 @@ class Policy(nn.Module):
         device = self.model.device
         logits = self.model.compute_logits(hidden.index_select(0, to_device(rows, torch.int64, device)))
         targets = to_device([t for c in completions for t in c], torch.int64, device)
-        picked = token_logprobs(logits, targets, self.ops, params)
-        return list(picked.split([len(c) for c in completions]))
+        picked = token_logprobs(logits, targets, self.ops, params).split([len(c) for c in completions])
+        out: list[torch.Tensor] = [None] * len(order)
+        for at, i in enumerate(order):
+            out[i] = picked[at]
+        return out
 
     def _hidden(self, seqs: list[list[int]]) -> torch.Tensor:
         """Final hidden states [T, H] of the packed sequences, each a whole prefill over its own scratch blocks."""
@@ -126,6 +144,14 @@ class Policy(nn.Module):
                 raise ValueError(f"sequence {i}: {len(p) + len(c)} tokens exceed max_position_embeddings="
                                  f"{cfg.max_position_embeddings}")
 
+
+def packing_order(prompts: list[list[int]], completions: list[list[int]]) -> list[int]:
+    """The order a micro-batch's sequences are packed in: by their tokens (then the prompt's length), never the
+    caller's. The forward's bits do not depend on it; the backward's sums over the packed tokens (a weight's gradient)
+    do, so packing by content makes the gradient of a micro-batch a function of its set of sequences. Sequences equal
+    in both keep the caller's relative order (a stable sort): swapping two of them can change bits only when their
+    losses differ (in GRPO equal completions of one prompt have equal rewards, and equal advantages)."""
+    return sorted(range(len(prompts)), key=lambda i: ([*prompts[i], *completions[i]], len(prompts[i])))
 
 
 def _refuse_fp8(model: LlamaModel) -> None:

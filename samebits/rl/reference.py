@@ -13,8 +13,8 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from samebits.kernels import vendor
-from samebits.kernels.activation import silu_and_mul  # noqa: F401 - the op's torch form (plain autograd ops)
+from samebits.kernels import moe, vendor
+from samebits.kernels.activation import silu_and_mul  # the op's torch form (plain autograd ops)
 from samebits.kernels.rope import apply_rope
 
 linear = F.linear
@@ -27,15 +27,26 @@ log_softmax = vendor.log_softmax
 rope = apply_rope
 
 
+def moe_experts(x, w13, w2, ids, weights):
+    """One expert at a time in plain torch (kernels/moe.py's definition of the op)."""
+    return moe.experts_by_loop(x, w13, w2, ids, weights, F.linear, silu_and_mul)
+
+
 def det_sum_rows(x):
     return x.float().sum(-1)
 
 
-def causal_attention(q, k, v, meta, scale: float):
-    """q [T, Hq, D], k and v [T, Hkv, D] of whole sequences packed by meta.cu_seqlens_q -> [T, Hq, D] in q.dtype."""
+def check_whole_sequences(meta) -> list[int]:
+    """meta.cu_seqlens_q as a list, after checking that every sequence is whole (its query_len is its context_len)."""
     cu, ctx = meta.cu_seqlens_q.tolist(), meta.context_lens.tolist()
     if any(cu[b + 1] - cu[b] != n for b, n in enumerate(ctx)):
         raise ValueError("the trainer's attention needs whole sequences: every query_len must equal its context_len")
+    return cu
+
+
+def causal_attention(q, k, v, meta, scale: float):
+    """q [T, Hq, D], k and v [T, Hkv, D] of whole sequences packed by meta.cu_seqlens_q -> [T, Hq, D] in q.dtype."""
+    cu = check_whole_sequences(meta)
     g = q.shape[1] // k.shape[1]
     outs = []
     for q0, q1 in itertools.pairwise(cu):

@@ -134,6 +134,86 @@ def _row_specs():
     return specs
 
 
+def _moe_specs():
+    """The fused MoE kernels at every row of the moe table in bf16 (the serving dtype) and at the first row in the
+    other dtypes, as triton/moe.py launches them at real shapes (sizes and row strides multiples of 16)."""
+    from samebits.kernels.triton.moe import _stages
+
+    gate_up, down, comb = (_jit("moe", n) for n in ("_moe_gate_up_kernel", "_moe_down_kernel", "_moe_combine_kernel"))
+    cfg = TILE_CONFIGS["moe"]["config"]
+    specs = []
+    rows = [(tile, "bf16") for tile in cfg["tiles"]] + [(cfg["tiles"][0], dt) for dt in DTYPES if dt != "bf16"]
+    for (_, bm, bn, bk, warps, stages), dt in rows:
+        size, common = 4 if dt == "fp32" else 2, {"UPCAST": False, "PRECISION": "ieee" if dt == "fp32" else "tf32",
+                                                  "BM": bm, "BN": bn, "BK": bk, "EVEN_K": False}
+        types = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "h_ptr": f"*{dt}", "pairs_ptr": "*i32",
+                 "block_expert_ptr": "*i32", **{a: "i32" for a in ("P", "K", "INTER", "stride_xm", "stride_we",
+                                                                  "stride_wn", "stride_hm")}}
+        specs.append((f"moe gate_up {bm}x{bn}x{bk} {dt}", _spec(
+            gate_up, types, {**common, "TOPK": 8, "LIBDEVICE": True}, [a for a in types if a != "P"],
+            {"num_warps": warps, "num_stages": _stages(bm, bn, bk, stages, size, 2)})))
+        types = {"h_ptr": f"*{dt}", "w_ptr": f"*{dt}", "y_ptr": f"*{dt}", "pairs_ptr": "*i32",
+                 "block_expert_ptr": "*i32", **{a: "i32" for a in ("P", "K", "N", "stride_hm", "stride_we",
+                                                                  "stride_wn", "stride_ym")}}
+        specs.append((f"moe down {bm}x{bn}x{bk} {dt}", _spec(
+            down, types, common, [a for a in types if a != "P"],
+            {"num_warps": warps, "num_stages": _stages(bm, bn, bk, stages, size, 1)})))
+    for dt in DTYPES:
+        types = {"y_ptr": f"*{dt}", "w_ptr": "*fp32", "out_ptr": f"*{dt}", "N": "i32", "stride_ym": "i32",
+                 "stride_om": "i32"}
+        specs.append((f"moe combine {dt}", _spec(comb, types, {"TOPK": 8, "BLOCK": cfg["combine_block"]},
+                                                 ["y_ptr", "out_ptr"], {"num_warps": cfg["combine_warps"]})))
+    return specs
+
+
+def _train_specs():
+    """The RL trainer's backward kernels (kernels/triton/attention_bwd.py, norms_bwd.py, activation_bwd.py,
+    column_sum.py) in every dtype with their configs' tiles; the attention kernels at both head dims in the 16-bit
+    dtypes, in fp32 at 64 only (its FMA products, the same instructions at 128, take ptxas 25 s there)."""
+    acfg, tcfg = TILE_CONFIGS["attention.backward"]["config"], TILE_CONFIGS["train.backward"]["config"]
+    specs = []
+    strides = ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot", "stride_oh",
+               "stride_dot", "stride_doh", "stride_dqt", "stride_dqh", "stride_dkt", "stride_dkh", "stride_dvt",
+               "stride_dvh")
+    for dt, (d, (bm, bn, warps, stages)) in itertools.product(DTYPES, acfg["tiles"].items()):
+        if dt == "fp32" and d != "64":
+            continue
+        const = {"G": 4, "D": int(d), "BM": bm, "BN": bn, "UPCAST": False,
+                 "PRECISION": "ieee" if dt == "fp32" else "tf32"}
+        for name in ("_attention_dq_kernel", "_attention_dkdv_kernel"):
+            fn = _jit("attention_bwd", name)
+            types = {a: f"*{dt}" for a in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")}
+            types.update({"LSE": "*fp32", "DELTA": "*fp32", "cu_seqlens": "*i32", "qk_scale": "fp32", "scale": "fp32",
+                          "num_q_heads": "i32", **{a: "i32" for a in strides}})
+            types = {a: t for a, t in types.items() if a in fn.arg_names}
+            aligned = [a for a in types if types[a].startswith("*") or a.startswith("stride_")]
+            specs.append((f"train {name.strip('_').removesuffix('_kernel')} {dt} d{d}",
+                          _spec(fn, types, const, aligned, {"num_warps": warps, "num_stages": stages})))
+    types = {"DY": "*{}", "X": "*{}", "W": "*{}", "DS": "*{}", "DX": "*{}", "PART": "*fp32", "eps": "fp32",
+             **{a: "i32" for a in ("T", "H", "stride_dy", "stride_x", "stride_ds", "stride_dx")}}
+    for dt, block, has_ds in itertools.product(DTYPES, (128, 4096), (False, True)):  # a head norm, a hidden norm
+        specs.append((f"train rms_norm_bwd {dt} block={block} ds={has_ds}", _spec(
+            _jit("norms_bwd", "_rms_norm_bwd_kernel"), {a: t.format(dt) for a, t in types.items()},
+            {"HAS_DS": has_ds, "ROWS": tcfg["token_rows"], "BLOCK": block}, ["DY", "X", "DX", "PART"],
+            {"num_warps": tcfg["norm_warps"]})))
+    for dt in DTYPES:
+        types = {"DY": f"*{dt}", "X": f"*{dt}", "DX": f"*{dt}", "inter": "i32", "stride_dy": "i32", "stride_x": "i32",
+                 "stride_dx": "i32"}
+        scfg = TILE_CONFIGS["silu_and_mul"]["config"]
+        specs.append((f"train silu_and_mul_bwd {dt}", _spec(
+            _jit("activation_bwd", "_silu_and_mul_bwd_kernel"), types, {"LIBDEVICE": True, "BLOCK": scfg["block"]},
+            ["DY", "X", "DX"], {"num_warps": scfg["num_warps"]})))
+        types = {"X": f"*{dt}", "PART": "*fp32", "T": "i32", "N": "i32", "stride_x": "i32"}
+        specs.append((f"train split_sum {dt}", _spec(
+            _jit("column_sum", "_split_sum_kernel"), types, {"ROWS": tcfg["token_rows"], "BLOCK": tcfg["column_block"]},
+            ["X", "PART"], {"num_warps": tcfg["column_warps"]})))
+        types = {"PART": "*fp32", "OUT": f"*{dt}", "splits": "i32", "N": "i32"}
+        specs.append((f"train merge_splits {dt}", _spec(
+            _jit("column_sum", "_merge_splits_kernel"), types, {"BLOCK": tcfg["column_block"]}, ["PART", "OUT"],
+            {"num_warps": tcfg["column_warps"]})))
+    return specs
+
+
 def _paged_attention_specs(dtype, d, query_tile, block_n, split):
     fn = _jit("attention", "_paged_attention_kernel")
     specs = []
@@ -272,7 +352,8 @@ def _report(ptx):
 
 
 def main():
-    specs = _matmul_specs() + _fp8_specs() + _row_specs() + _attention_specs() + _gluon_specs()
+    specs = (_matmul_specs() + _fp8_specs() + _row_specs() + _moe_specs() + _attention_specs() + _gluon_specs()
+             + _train_specs())
     specs.append(("control: tl.atomic_add fp32", _spec(_atomic_control, {"x_ptr": "*fp32", "out_ptr": "*fp32"}, {},
                                                         [], {"num_warps": 1})))
     fn, sig, const, attrs, options = dict(specs)["attention paged_attention_bf16_d128_partial_page16"]

@@ -34,6 +34,25 @@ def test_attention_kernels_are_audited(audit):
             "write_kv_bf16", "rope_bf16"} <= names
 
 
+def test_moe_kernels_are_audited(audit):
+    tiles = len(TILE_CONFIGS["moe"]["config"]["tiles"])
+    assert sum(k.startswith(("moe gate_up", "moe down")) and k.endswith("bf16") for k in audit) == 2 * tiles
+    assert all(audit[f"moe combine {dt}"] for dt in ("bf16", "fp16", "fp32"))
+
+
+def test_trainer_backward_kernels_are_audited(audit):
+    # The attention backward's two passes at every head dim in bf16 and fp16 (and fp32 at 64) lower to wgmma in the
+    # 16-bit dtypes and pipeline their loads; the norm, SiLU-mul and column-sum kernels are there in every dtype.
+    dims = len(TILE_CONFIGS["attention.backward"]["config"]["tiles"])
+    names = [n for n in audit if n.startswith("train attention_")]
+    assert len(names) == 2 * (2 * dims + 1), names
+    for name in names:
+        assert audit[name]["cp_async"], f"{name}: loads not pipelined"
+        assert audit[name]["wgmma"] or "fp32" in name, f"{name}: no wgmma"
+    for kernel in ("rms_norm_bwd", "silu_and_mul_bwd", "split_sum", "merge_splits"):
+        assert all(any(n.startswith(f"train {kernel} {dt}") for n in audit) for dt in ("bf16", "fp16", "fp32")), kernel
+
+
 def test_audit_sees_a_float_atomic(audit):
     assert audit["control: tl.atomic_add fp32"]["float_atomics"], "the audit regex misses tl.atomic_add on fp32"
 

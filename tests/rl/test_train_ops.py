@@ -7,6 +7,7 @@ from samebits.engine.sampling_params import SamplingParams
 from samebits.kernels import get_ops
 from samebits.models.llama import LlamaModel
 from samebits.models.testing import tiny_hf_config
+from samebits.rl import policy as policy_module
 from samebits.rl.policy import Policy
 from samebits.rl.sampling import token_logprobs
 from samebits.rl.train_ops import TrainOps
@@ -34,39 +35,43 @@ def hf_model(variant, overrides, seed):
     return model
 
 
-def loss_of(per_seq_raw, per_seq_sampled):
-    return sum(w * (r.sum() + 0.5 * s.sum()) for w, r, s in zip(WEIGHTS, per_seq_raw, per_seq_sampled))
-
-
-def policy_grads(policy) -> dict:
+def policy_grads(policy, order=(0, 1, 2)) -> dict:
+    """The loss's gradients, the micro-batch's sequences (and their loss weights) listed in `order`."""
+    prompts, completions = [PROMPTS[i] for i in order], [COMPLETIONS[i] for i in order]
+    weights = [WEIGHTS[i] for i in order]
     with deterministic_runtime():
         policy.zero_grad(set_to_none=True)
-        loss = loss_of(policy.logprobs(PROMPTS, COMPLETIONS), policy.logprobs(PROMPTS, COMPLETIONS, TEMPERED))
+        raw, sampled = policy.logprobs(prompts, completions), policy.logprobs(prompts, completions, TEMPERED)
+        loss = sum(w * (r.sum() + 0.5 * s.sum()) for w, r, s in zip(weights, raw, sampled))
         loss.backward()
     return {n: p.grad.clone() for n, p in policy.model.named_parameters()}
 
 
+def differing(a: dict, b: dict) -> list[str]:
+    return [n for n in a if not torch.equal(a[n].view(torch.int32), b[n].view(torch.int32))]
+
+
 def reference_loss(model):
     """The same loss through transformers' forward and plain torch autograd (the stock ops for log_softmax)."""
-    ops = get_ops("fast", "cpu")
+    device = next(model.parameters()).device
+    ops = get_ops("fast", device)
     raw, sampled = [], []
     for p, c in zip(PROMPTS, COMPLETIONS):
-        logits = model(torch.tensor([p + c[:-1]])).logits[0, len(p) - 1:].float()
-        targets = torch.tensor(c)
+        logits = model(torch.tensor([p + c[:-1]], device=device)).logits[0, len(p) - 1:].float()
+        targets = torch.tensor(c, device=device)
         raw.append(token_logprobs(logits, targets, ops))
         sampled.append(token_logprobs(logits, targets, ops, [TEMPERED] * len(c)))
-    return loss_of(raw, sampled)
+    return sum(w * (r.sum() + 0.5 * s.sum()) for w, r, s in zip(WEIGHTS, raw, sampled))
 
 
-@pytest.mark.parametrize("case", sorted(VARIANTS))
-def test_gradients_match_transformers_autograd(case, seed):
+def assert_gradients_match_transformers(case, seed, device="cpu", **policy_args):
     variant, overrides = VARIANTS[case]
-    model = hf_model(variant, overrides, seed)
-    policy = Policy.from_hf(model)
+    model = hf_model(variant, overrides, seed).to(device)
+    policy = Policy.from_hf(model, **policy_args)
     grads = policy_grads(policy)
     reference_loss(model).backward()
     # Our gradients in a model of their own, so `destination` finds an HF tensor's rows of a fused one.
-    as_model = LlamaModel(policy.config, get_ops("fast", "cpu"))
+    as_model = LlamaModel(policy.config, get_ops("fast", device))
     for name, q in as_model.named_parameters():
         q.data.copy_(grads[name])
     checked = 0
@@ -81,12 +86,37 @@ def test_gradients_match_transformers_autograd(case, seed):
     assert checked == len(policy.model.expected_weight_names())
 
 
+@pytest.mark.parametrize("case", sorted(VARIANTS))
+def test_gradients_match_transformers_autograd(case, seed):
+    """The fused backward (kernels/grads.py's torch forms on the CPU)."""
+    assert_gradients_match_transformers(case, seed)
+
+
+def test_reference_backward_matches_transformers_autograd(seed):
+    """The reference backward that fast mode keeps (autograd through rl/reference.py)."""
+    assert_gradients_match_transformers("qwen3-qk-norm", seed, backward="reference")
+
+
 def test_gradients_bitwise_run_to_run(seed):
     model = hf_model("llama3", {}, seed)
     first = policy_grads(Policy.from_hf(model))
-    again = policy_grads(Policy.from_hf(model))
-    for name, g in first.items():
-        assert torch.equal(g.view(torch.int32), again[name].view(torch.int32)), name
+    assert not differing(first, policy_grads(Policy.from_hf(model)))
+
+
+def test_gradients_independent_of_the_packing_order(seed, monkeypatch):
+    """A micro-batch is packed by content (rl/policy.py packing_order): listing its sequences in another order gives
+    the same gradient bits. Negative control: packed in the caller's order, the weight gradients' sums over the
+    tokens run in another order and round otherwise."""
+    policy = Policy.from_hf(hf_model("llama3", {}, seed))
+    first = policy_grads(policy)
+    assert not differing(first, policy_grads(policy, order=(2, 0, 1)))
+    monkeypatch.setattr(policy_module, "packing_order", lambda prompts, completions: list(range(len(prompts))))
+    assert differing(first, policy_grads(policy, order=(2, 0, 1)))
+
+
+def test_checkpointed_layers_give_the_same_gradient_bits(seed):
+    model = hf_model("qwen3", {}, seed)
+    assert not differing(policy_grads(Policy.from_hf(model)), policy_grads(Policy.from_hf(model, checkpoint=True)))
 
 
 def test_forward_bits_are_the_base_ops(seed):

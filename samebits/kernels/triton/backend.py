@@ -2,13 +2,14 @@
 and for linears whose weight shape passed its self-test the proven cuBLASLt route (kernels/vendor_gemm.py)."""
 from __future__ import annotations
 
-from samebits.kernels import common, fp8, kv_cache, vendor_fp8, vendor_gemm
+from samebits.kernels import common, fp8, kv_cache, moe, vendor_fp8, vendor_gemm
 from samebits.kernels import rope as torch_rope
 from samebits.kernels.attention import run_checked
 from samebits.kernels.triton import activation as tri_activation
 from samebits.kernels.triton import attention as tri_attention
 from samebits.kernels.triton import fp8 as tri_fp8
 from samebits.kernels.triton import matmul as tri_matmul
+from samebits.kernels.triton import moe as tri_moe
 from samebits.kernels.triton import norms, reduce
 from samebits.kernels.triton import softmax as tri_softmax
 from samebits.kernels.triton.kv_write import write_kv as tri_write_kv
@@ -117,3 +118,15 @@ def _fixed_tiles(q, k_cache, v_cache, meta, scale):
 def attention(q, k_cache, v_cache, meta, scale):
     return run_checked(_fixed_tiles, "deterministic", q, k_cache, v_cache, meta, scale,
                        head_dims=tri_attention.HEAD_DIMS)
+
+
+def moe_topk(scores, k):
+    """The k highest scores per row, ties to the lower expert index (an exact order: kernels/moe.py)."""
+    common.require("moe_topk", scores)
+    return moe.topk_ids(scores, k)
+
+
+def moe_experts(x, w13, w2, ids, weights):
+    """Tokens sorted by expert, gate/up + SiLU and down in fixed K order, rank-order combine (triton/moe.py)."""
+    common.require("moe_experts", x, w13, w2)
+    return tri_moe.fused_experts(x, w13, w2, ids, weights)
