@@ -12,7 +12,8 @@ def __getattr__(name):
         from samebits.kernels.dropin import batch_invariant
 
         return batch_invariant
-    if name in ("LLM", "SamplingParams", "StructuredOutputsParams"):
+    if name in ("LLM", "SamplingParams", "StructuredOutputsParams", "TextPrompt", "TokensPrompt", "RequestOutput",
+                "CompletionOutput"):
         from samebits import engine
 
         return getattr(engine, name)

@@ -52,6 +52,19 @@ def _test_keeps_process_state(request):
         yield
 
 
+@pytest.fixture(autouse=True)
+def _openmp_variables_put_back(_test_keeps_process_state):
+    """The GPU image's libraries set Intel OpenMP's KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK the first time a
+    transformers model runs (seen on the H200, whichever test comes first): put back before the guard looks."""
+    before = {name: os.environ.get(name) for name in ("KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK")}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def pytest_terminal_summary(terminalreporter, config):
     """The order's seed, also under -q (pytest-randomly's own line is a header, which -q hides)."""
     seed = getattr(config.option, "randomly_seed", None)

@@ -10,14 +10,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from samebits.cli.options import CONTEXT, field_flags, flag, positional, with_flags
+from samebits.cli.options import CONTEXT, GroupedHelpCommand, field_flags, flag, positional, with_flags
 from samebits.diagnostics.bench.config import BenchConfig
 from samebits.diagnostics.lint.command import lint_command
 from samebits.engine.config import BLOCK_SIZES, OTHER_BLOCK_SIZE
 from samebits.modes import check_mode
 from samebits.server.config import ServerConfig
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="samebits: same request, same bits.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="samebits: same request, same bits.",
+                  context_settings={"help_option_names": ["-h", "--help"]})
 console = Console()
 FIELD_WIDTH = 36  # a cut table's leading column at most: of 80 columns a field/value table leaves its values 37
 
@@ -31,7 +32,7 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(_: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+def _root(_: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
                                  help="Print the version and exit.")):
     """samebits: same request, same bits."""
 
@@ -271,6 +272,25 @@ def models_table(cached, root: Path, width: int) -> Table:
     return cut_table(f"cached models ({root})", ("name", "size", "path"), [(n, s, p) for n, p, s in rows], width)
 
 
+tokenizer_app = typer.Typer(no_args_is_help=True, help="A model's tokenizer (as served) for other tools.")
+app.add_typer(tokenizer_app, name="tokenizer")
+
+
+@tokenizer_app.command("export")
+def tokenizer_export(
+    folder: Path = typer.Argument(..., help="Folder to write (created if missing)."),
+    model: str = typer.Option("smollm2-135m", help="Model name or path, as serve's --model (GGUF included)."),
+):
+    """Write the model's tokenizer as an HF tokenizer folder (AutoTokenizer.from_pretrained, lm-eval's tokenizer=)."""
+    from samebits.models.loader import load_tokenizer
+
+    try:
+        files = load_tokenizer(model).save_pretrained(folder)
+    except (OSError, ValueError) as e:
+        fail(str(e))
+    console.print(f"wrote {', '.join(f.name for f in files)} to {folder}")
+
+
 @app.command()
 def demo(
     model: str = typer.Option("smollm2-135m"),
@@ -343,12 +363,33 @@ def bench(values: dict):
 
 
 SERVE_HELP = {
-    "model": "Model name or path.",
-    "host": "Address to bind (loopback by default).",
-    "mode": "deterministic or fast",
+    "model": "Model name or path: a built-in name, an HF folder or a .gguf file.",
+    "host": "Address to bind.",
+    "port": "Port to listen on (0: a free one).",
+    "mode": "deterministic (same request, same bits) or fast (vendor kernels).",
+    "device": "cpu or cuda (default: cuda where available).",
+    "dtype": "Weights and activations: bfloat16, float16 or float32 (default: bfloat16 on CUDA, float32 on CPU).",
+    "max_num_seqs": "Sequences in one engine step.",
+    "max_num_batched_tokens": "Tokens in one engine step; longer prompts are prefilled in chunks.",
+    "max_model_len": "Context length, prompt and output (default: the model's).",
+    "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes (same bits either way).",
+    "cuda_graphs": "Replay CUDA graphs for decode-only steps (same bits either way).",
+    "max_n": "Samples (n) of one request.",
+    "max_logprobs": "Alternatives per token a request may ask for (logprobs, top_logprobs).",
+    "max_body_bytes": "Bytes of one request body; more is a 413.",
+    "max_header_count": "Headers of one request; more is a 431.",
+    "max_header_bytes": "Bytes of one request's headers; more is a 431.",
+    "timeout_keep_alive": "Seconds an idle keep-alive connection stays open.",
+    "log_level": "critical, error, warning, info, debug or trace.",
     "policy": "dynamic or bucketed (seed §6.1-6.2's shape buckets and fixed batch windows).",
-    "api_keys": "Accepted bearer key (repeat for several).",
-    "served_model_name": "Model name clients send (default: --model).",
+    "api_keys": "Accepted bearer key, repeat for several (default: none, no key asked).",
+    "served_model_name": "Names clients may send, one or several; the first is reported (default: the model's).",
+    "chat_template": "A Jinja chat template file, or the template itself (default: the model's own).",
+    "disable_log_requests": "No access log line per request.",
+    "trust_remote_code": "Accepted for vLLM's command lines; not needed: samebits runs no checkpoint code.",
+    "gpu_memory_utilization": "Share of the GPU's memory this engine may hold (weights, activations, KV cache), as "
+                              "vLLM's; default: the KV cache takes 0.8 of the free memory. Ignored on the CPU.",
+    "enforce_eager": "No CUDA graphs: vLLM's name for cuda graphs off.",
     "max_waiting": "Waiting sequences (prompts x n) before 429; a request of more is a 400.",
     "max_waiting_tokens": "Waiting tokens (prompt + max_tokens per sequence) before 429; a request of more is a 400.",
     "max_prompt_chars": "Characters of prompt text per request, refused before tokenizing (default: 32 per token "
@@ -367,30 +408,56 @@ SERVE_HELP = {
     "block_size": f"Tokens per KV page (default: {BLOCK_SIZES['cuda']} on CUDA, the attention's KV tile; "
                   f"{OTHER_BLOCK_SIZE} elsewhere). The bits never depend on it.",
     "kv_cache_tokens": "KV cache size in tokens (default: what the device memory allows).",
-    "seed": "Seed of the server's seed stream for requests that send none.",
+    "seed": "Seed of the server's seed stream for requests that send none (default: a random seed each).",
     "async_scheduling": "Launch step N+1 before step N is read back (default: on for CUDA, off on the CPU).",
     "tensor_parallel_size": "Ranks (processes, one GPU each on CUDA) the model is sharded over: 1, 2, 4 or 8.",
     "data_parallel_size": "Engine replicas behind this one endpoint (Ray actors, one device each; on a CPU, "
                           "threads of their own); every replica gives the same bits (docs/FLEET.md).",
-    "data_parallel_backend": "Where the replicas run: ray (the default, and the only backend, when "
-                             "--data-parallel-size > 1).",
+    "data_parallel_backend": "Where the replicas run: ray (the default, and the only backend, with several "
+                             "replicas).",
     "ray_address": "A running Ray cluster to join (`ray start --head`'s address); default: a local one.",
     "all_reduce": "Row-parallel sum across ranks: ordered (fixed order), native (NCCL's/gloo's own), or invariant "
                   "(TP-invariant mode: the same bits at every tensor-parallel size; docs/TP.md).",
     "speculative_config": "Speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 4}' or '{\"method\": \"draft_model\", \"model\": PATH, "
-                          "\"num_speculative_tokens\": 4}': the same bits as without it (docs/SPECULATIVE.md).",
+                          "\"num_speculative_tokens\": 4}': the same bits as without it (docs/SPECULATIVE.md). "
+                          "Default: off.",
     "quantization": "fp8: FP8 weights and per-token activations (a dense checkpoint quantised at load); "
                     "fp8_per_tensor: vLLM's per-tensor dynamic recipe, fast mode only. Default: the checkpoint's own "
                     "(an FP8 checkpoint loads as FP8; docs/FP8.md).",
 }
-# One flag per field: the engine's fields first, then the server's own, each defaulting to the server's default.
-# MODEL may also come first, positionally, as in `vllm serve MODEL`.
-SERVE_FLAGS = [CONTEXT, positional("model_arg", "MODEL", "Model name or path (or --model).")] + field_flags(
-    ServerConfig().engine, SERVE_HELP) + field_flags(ServerConfig(), SERVE_HELP, skip=("engine",))
+# serve --help's sections, in this order: what is served, how the engine runs it, the HTTP server, what a client may
+# do, and what decides the bits.
+SERVE_GROUPS = {
+    "Model": ("model", "served_model_name", "dtype", "quantization", "max_model_len", "chat_template",
+              "tool_call_parser", "trust_remote_code"),
+    "Engine": ("device", "policy", "max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_tokens",
+               "gpu_memory_utilization", "enable_prefix_caching", "cuda_graphs", "enforce_eager", "async_scheduling",
+               "max_waiting", "tensor_parallel_size", "data_parallel_size", "data_parallel_backend", "ray_address",
+               "engine_process", "speculative_config"),
+    "Server": ("host", "port", "max_n", "max_logprobs", "max_prompts", "max_stop", "max_prompt_chars",
+               "max_waiting_tokens", "default_max_tokens", "timeout_keep_alive", "timeout_header", "timeout_body",
+               "max_connections", "log_level", "disable_log_requests"),
+    "Security": ("api_keys", "allow_special_tokens", "max_body_bytes", "max_header_count", "max_header_bytes"),
+    "Determinism": ("mode", "seed", "all_reduce"),
+}
+SERVE_GROUP_OF = {name: group for group, names in SERVE_GROUPS.items() for name in names}
 
 
-@app.command()
+def _grouped_first(flags: list) -> list:
+    """The flags in SERVE_GROUPS' order, so each section of the help reads as one block."""
+    order = {name: i for i, name in enumerate(n for names in SERVE_GROUPS.values() for n in names)}
+    return sorted(flags, key=lambda p: order.get(p.name, -1))
+
+
+# One flag per field, each defaulting to the server's default, in help sections (GroupedHelpCommand). MODEL may also
+# come first, positionally, as in `vllm serve MODEL`.
+SERVE_FLAGS = [CONTEXT, positional("model_arg", "MODEL", "Model name or path (or --model).")] + _grouped_first(
+    field_flags(ServerConfig().engine, SERVE_HELP, groups=SERVE_GROUP_OF)
+    + field_flags(ServerConfig(), SERVE_HELP, skip=("engine",), groups=SERVE_GROUP_OF))
+
+
+@app.command(cls=GroupedHelpCommand)
 @with_flags(SERVE_FLAGS)
 def serve(values: dict):
     """The OpenAI-compatible HTTP server (same request, same bits, with numerics headers)."""

@@ -9,6 +9,8 @@ _LAZY = {
     "StructuredOutputsParams": "samebits.structured.params",
     "RequestOutput": "samebits.engine.outputs",
     "CompletionOutput": "samebits.engine.outputs",
+    "TextPrompt": "samebits.engine.prompts",
+    "TokensPrompt": "samebits.engine.prompts",
     "EngineConfig": "samebits.engine.config",
     "Scheduler": "samebits.engine.scheduler",
     "SchedulerOutput": "samebits.engine.scheduler",

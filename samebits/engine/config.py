@@ -52,8 +52,14 @@ class EngineConfig:
     max_model_len: int | None = None
     block_size: int | None = None  # tokens per KV page; None: the device's (BLOCK_SIZES)
     kv_cache_tokens: int | None = None
+    # vLLM's: the share of the GPU's whole memory this engine may hold (weights, activations, KV cache), so several
+    # engines share one GPU (engine/model_runner.py choose_num_blocks). None: the KV cache takes a share of the free
+    # memory. Ignored on the CPU, whose KV cache is a fixed size (model_runner.CPU_KV_TOKENS) unless kv_cache_tokens.
+    gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool = True
     cuda_graphs: bool = True
+    # vLLM's name for cuda_graphs=False; the two spellings are normalised to agree (either asks for eager: eager).
+    enforce_eager: bool = False
     # Schedule and launch step N+1 before step N's draws are read back (engine/llm_engine.py). None: on where the
     # device computes asynchronously (CUDA, one rank), off on the CPU, where the host computes the step itself.
     async_scheduling: bool | None = None
@@ -78,6 +84,9 @@ class EngineConfig:
         self._check_choices()
         self._check_sizes()
         self._check_flags()
+        eager = self.enforce_eager or not self.cuda_graphs
+        object.__setattr__(self, "enforce_eager", eager)
+        object.__setattr__(self, "cuda_graphs", not eager)
         self._check_speculation()
 
     def _check_choices(self) -> None:
@@ -112,6 +121,9 @@ class EngineConfig:
         _require(bs is None or (_is_int(bs) and 1 <= bs <= 1024 and bs & (bs - 1) == 0),
                  f"block_size must be None or a power of two in [1, 1024], got {bs!r}")
         _int_at_least("kv_cache_tokens", self.kv_cache_tokens, bs or 1, optional=True)
+        util = self.gpu_memory_utilization
+        _require(util is None or (isinstance(util, (int, float)) and not isinstance(util, bool) and 0 < util <= 1),
+                 f"gpu_memory_utilization must be None or a number in (0, 1], got {util!r}")
         if self.policy == "bucketed":
             # Bucketed decode pads the batch up to max_num_seqs rows, and every padded row costs a budget token.
             _require(self.max_num_batched_tokens >= self.max_num_seqs,
@@ -119,7 +131,7 @@ class EngineConfig:
                      f"{self.max_num_batched_tokens} < {self.max_num_seqs}")
 
     def _check_flags(self) -> None:
-        for name in ("enable_prefix_caching", "cuda_graphs"):
+        for name in ("enable_prefix_caching", "cuda_graphs", "enforce_eager"):
             value = getattr(self, name)
             _require(isinstance(value, bool), f"{name} must be a bool, got {value!r}")
         value = self.async_scheduling

@@ -35,6 +35,11 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    @property
+    def llm_engine(self):
+        """vLLM's name for the engine behind this LLM (an LLMEngine: add_request, step, has_unfinished_requests)."""
+        return self.engine
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 
@@ -45,10 +50,12 @@ class LLM:
 
         return deterministic_runtime()
 
-    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(self, prompts=None, sampling_params=None, use_tqdm: bool = True, *,
+                 prompt_token_ids=None) -> list[RequestOutput]:
         """`prompts`: a str, a list of token ids, a vLLM TextPrompt {"prompt": str} or TokensPrompt
-        {"prompt_token_ids": [...]}, or a list of those."""
-        items = normalize_prompts(prompts, self.tokenizer.encode)
+        {"prompt_token_ids": [...]}, or a list of those. `prompt_token_ids` (vLLM's older keyword): token ids, one
+        list or a list of lists, instead of `prompts`."""
+        items = self._prompt_items(prompts, prompt_token_ids)
         params = self._params_per_prompt(sampling_params, len(items))
         for p in {id(p): p for p in params}.values():  # before any request is queued, so a bad one loses nothing
             check_vocab(p, self.engine.loaded.config.vocab_size)
@@ -122,6 +129,11 @@ class LLM:
                         done[out.request_id] = out
                         bar.advance(task)
         return [done[i] for i in ids]
+
+    def _prompt_items(self, prompts, prompt_token_ids) -> list[tuple[str | None, list[int]]]:
+        if (prompts is None) == (prompt_token_ids is None):
+            raise ValueError("generate: give prompts or prompt_token_ids (one of them)")
+        return normalize_prompts(prompts if prompts is not None else prompt_token_ids, self.tokenizer.encode)
 
     @staticmethod
     def _params_per_prompt(sampling_params, n: int) -> list[SamplingParams]:

@@ -40,6 +40,7 @@ class SampledStep:
         self.verified: list[tuple[int, int]] = []
         self._host = None if out is None else [
             _copy_to_host(t) for t in (out.token_ids, out.logprobs, out.top_logprob_ids, out.top_logprobs)]
+        self._ranks = None if out is None or out.ranks is None else _copy_to_host(out.ranks)
         self._prompt = None if prompt is None else (prompt.plan, [_copy_to_host(t) for t in prompt.tensors()])
         self._ready = None
         if (out is not None and out.token_ids.is_cuda) or (prompt is not None and prompt.logprobs.is_cuda):
@@ -61,9 +62,11 @@ class SampledStep:
         self._wait()
         # tolist turns float32 into the Python floats of exactly those values: no bit is lost.
         tokens, lps, ids, vals = (t.tolist() for t in self._host)
+        ranks = self._ranks.tolist() if self._ranks is not None else [None] * len(tokens)
 
-        def result(i: int, k: int) -> StepResult:
-            return StepResult(tokens[i], lps[i], dict(zip(ids[i][:k], vals[i][:k])) if k else {})
+        def result(i: int, k: int | None) -> StepResult:
+            return StepResult(tokens[i], lps[i], dict(zip(ids[i][:k], vals[i][:k])) if k else {},
+                              ranks[i] if k is not None else None)
 
         results, self.verified = {}, []
         for s, drafts in zip(self.seqs, self.drafts):
@@ -141,14 +144,31 @@ def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * elem
 
 
-def choose_num_blocks(engine_config: EngineConfig, model_config, dtype: torch.dtype, device: torch.device) -> int:
+def model_bytes(model) -> int:
+    """Device bytes of a model's weights and buffers: what an engine holds before its KV cache."""
+    return sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+def choose_num_blocks(engine_config: EngineConfig, model_config, dtype: torch.dtype, device: torch.device,
+                      weights_bytes: int = 0) -> int:
+    """KV pages: kv_cache_tokens' if set; on the CPU a fixed pool; on CUDA a share of the free memory, or with
+    gpu_memory_utilization (vLLM's) that share of what the budget leaves past this engine's weights, never more than
+    the free memory allows: two engines of 0.45 each fit one GPU."""
     bs = engine_config.block_size
     if engine_config.kv_cache_tokens is not None:
         return engine_config.kv_cache_tokens // bs
     if device.type != "cuda":
         return CPU_KV_TOKENS // bs
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(free * GPU_KV_MEMORY_FRACTION) // (kv_bytes_per_token(model_config, dtype) * bs)
+    free, total = torch.cuda.mem_get_info(device)
+    kv_bytes = free * GPU_KV_MEMORY_FRACTION
+    util = engine_config.gpu_memory_utilization
+    if util is not None:
+        left = total * util - weights_bytes
+        if left <= 0:
+            raise ValueError(f"gpu_memory_utilization={util} gives this engine {total * util / 2**30:.1f} GiB of the "
+                             f"GPU's {total / 2**30:.1f} GiB; its weights alone take {weights_bytes / 2**30:.1f} GiB")
+        kv_bytes = min(kv_bytes, left * GPU_KV_MEMORY_FRACTION)
+    return int(kv_bytes) // (kv_bytes_per_token(model_config, dtype) * bs)
 
 
 def prove_routes(model) -> None:
@@ -182,7 +202,8 @@ class ModelRunner:
         self.dtype = self.model.dtype
         self.block_size = engine_config.block_size
         self.prove_routes()
-        self.num_blocks = choose_num_blocks(engine_config, self.model_config, self.dtype, self.device)
+        self.num_blocks = choose_num_blocks(engine_config, self.model_config, self.dtype, self.device,
+                                            model_bytes(self.model))
         mc = self.model_config
         # One block past the managed pool is scratch: bucketed padding rows write their KV there.
         self.scratch_block = self.num_blocks

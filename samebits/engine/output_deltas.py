@@ -47,7 +47,7 @@ def _sample_delta(c: CompletionOutput, n: int, text: str) -> tuple:
     keep = len(text) if c.text.startswith(text) else 0
     return (c.index, c.token_ids[n:], None if c.token_logprobs is None else c.token_logprobs[n:],
             None if c.top_logprobs is None else c.top_logprobs[n:], keep, c.text[keep:], c.cumulative_logprob,
-            c.finish_reason, c.stop_reason)
+            c.finish_reason, c.stop_reason, None if c.token_ranks is None else c.token_ranks[n:])
 
 
 @dataclass
@@ -55,6 +55,7 @@ class _Sample:
     token_ids: list[int] = field(default_factory=list)
     token_logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
+    token_ranks: list[int] | None = None
     text: str = ""
 
 
@@ -92,7 +93,7 @@ class DeltaDecoder:
 
 
 def _apply(sample: _Sample, delta: tuple) -> CompletionOutput:
-    index, ids, logprobs, top, keep, tail, cumulative, finish_reason, stop_reason = delta
+    index, ids, logprobs, top, keep, tail, cumulative, finish_reason, stop_reason, ranks = delta
     sample.token_ids += ids
     if logprobs is not None:
         sample.token_logprobs = sample.token_logprobs or []
@@ -100,6 +101,9 @@ def _apply(sample: _Sample, delta: tuple) -> CompletionOutput:
     if top is not None:
         sample.top_logprobs = sample.top_logprobs or []
         sample.top_logprobs += top
+    if ranks is not None:
+        sample.token_ranks = sample.token_ranks or []
+        sample.token_ranks += ranks
     sample.text = sample.text[:keep] + tail
     # Views that stay as they are now, as the engine's fresh lists do: a reader may keep an output while later ones
     # arrive.
@@ -107,4 +111,5 @@ def _apply(sample: _Sample, delta: tuple) -> CompletionOutput:
     return CompletionOutput(index, sample.text, ListView(sample.token_ids, 0, n),
                             None if sample.token_logprobs is None else ListView(sample.token_logprobs, 0, n),
                             None if sample.top_logprobs is None else ListView(sample.top_logprobs, 0, n),
-                            cumulative, finish_reason, stop_reason)
+                            cumulative, finish_reason, stop_reason,
+                            None if sample.token_ranks is None else ListView(sample.token_ranks, 0, n))

@@ -31,6 +31,7 @@ _FINAL_ONLY = RequestOutputKind.FINAL_ONLY
 class _SampleOutput:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    ranks: list[int | None] = field(default_factory=list)
     # The token logprobs added left to right as they arrive: Python's sum() compensates since 3.12, so it would give
     # other bits on another Python.
     cumulative_logprob: float = 0.0
@@ -120,6 +121,7 @@ class OutputProcessor:
         # are never read. The cumulative logprob is the sender's own sum, so the next token adds to the same bits.
         sample.logprobs = list(sent.token_logprobs) if sent.token_logprobs is not None else [math.nan] * n
         sample.top_logprobs = list(sent.top_logprobs) if sent.top_logprobs is not None else [{}] * n
+        sample.ranks = list(sent.token_ranks) if sent.token_ranks is not None else [None] * n
         sample.cumulative_logprob = sent.cumulative_logprob
         if sent.finish_reason is not None:
             seq.token_ids += sent.token_ids
@@ -173,6 +175,7 @@ class OutputProcessor:
         sample.logprobs.append(result.logprob)
         sample.cumulative_logprob += result.logprob
         sample.top_logprobs.append(result.top_logprobs)
+        sample.ranks.append(result.rank)
         self.generation_tokens += 1
         self._touched[seq.request_id] = self._touched.get(seq.request_id, 0) + 1
         finish = token_rule(seq, self.eos_token_ids, self.max_model_len)
@@ -249,10 +252,13 @@ class OutputProcessor:
         n = seq.num_generated
         if final:
             ids, lps, tops = seq.output_token_ids, list(sample.logprobs), list(sample.top_logprobs)
+            ranks = list(sample.ranks)
         else:
             first = seq.num_prompt_tokens
             ids = ListView(seq.token_ids, first, first + n)
             lps, tops = ListView(sample.logprobs, 0, n), ListView(sample.top_logprobs, 0, n)
+            ranks = ListView(sample.ranks, 0, n)
         # Positional (the field order of CompletionOutput): keywords cost twice the call, per sample per step.
         return CompletionOutput(seq.sample_index, sample.text, ids, lps if want else None, tops if want else None,
-                                sample.cumulative_logprob, seq.finish_reason, seq.stop_reason)
+                                sample.cumulative_logprob, seq.finish_reason, seq.stop_reason,
+                                ranks if want else None)

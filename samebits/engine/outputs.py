@@ -13,6 +13,7 @@ class StepResult:
     token_id: int
     logprob: float
     top_logprobs: dict[int, float]
+    rank: int | None = None  # the token's rank (sampler.token_ranks) when its request asks for logprobs
 
 
 @dataclass
@@ -27,8 +28,8 @@ class PromptStepResult:
 
 @dataclass(frozen=True)
 class Logprob:
-    """vLLM's per-token logprob record. rank: 1 + how many tokens are more likely; known for the top-k alternatives
-    (their place), None for a sampled token outside them (the sampler reads back the top-k only)."""
+    """vLLM's per-token logprob record. rank: a sampled or prompt token's is vLLM's count, how many tokens of its row
+    are at least as likely (engine/sampler.py token_ranks); a top-k alternative's is its place among them."""
 
     logprob: float
     rank: int | None = None
@@ -37,11 +38,12 @@ class Logprob:
 
 class SampleLogprobs(Sequence):
     """vLLM's `list[dict[int, Logprob]]` view of a sample's logprobs, built per step on access (a cumulative output
-    costs nothing per step until read): step i holds the sampled token and the top-k alternatives."""
+    costs nothing per step until read): step i holds the sampled token, with its rank, and the top-k alternatives."""
 
     def __init__(self, token_ids: list[int], token_logprobs: list[float], top: list[dict[int, float]] | None,
-                 decode: Callable[[list[int]], str] | None = None):
+                 decode: Callable[[list[int]], str] | None = None, ranks: Sequence[int | None] | None = None):
         self._ids, self._lps, self._top, self._decode = token_ids, token_logprobs, top, decode
+        self._ranks = ranks
 
     def __len__(self) -> int:
         return len(self._lps)
@@ -49,7 +51,7 @@ class SampleLogprobs(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return self._step(i, None)
+        return self._step(i, None if self._ranks is None else self._ranks[i])
 
     def _step(self, i: int, rank: int | None) -> dict[int, Logprob]:
         token = self._ids[i]
@@ -75,8 +77,7 @@ class PromptLogprobs(SampleLogprobs):
 
     def __init__(self, prompt_token_ids: list[int], token_logprobs: list[float], ranks: list[int],
                  top: list[dict[int, float]] | None, decode: Callable[[list[int]], str] | None = None):
-        super().__init__(prompt_token_ids[1:], token_logprobs, top, decode)
-        self._ranks = ranks
+        super().__init__(prompt_token_ids[1:], token_logprobs, top, decode, ranks)
 
     @property
     def decode(self) -> Callable[[list[int]], str] | None:
@@ -95,7 +96,7 @@ class PromptLogprobs(SampleLogprobs):
         i = i + len(self) if i < 0 else i
         if not 0 <= i < len(self):
             raise IndexError(f"prompt position {i} out of range for {len(self)} prompt tokens")
-        return None if i == 0 else self._step(i - 1, self._ranks[i - 1])
+        return None if i == 0 else super().__getitem__(i - 1)
 
     def __repr__(self) -> str:
         return f"PromptLogprobs({list(self)!r})"
@@ -149,6 +150,8 @@ class CompletionOutput:
     finish_reason: str | None = None
     # The stop string or stop token id that ended the sample (None for eos, length or running).
     stop_reason: str | int | None = None
+    # Per step the sampled token's rank (vLLM's count, engine/sampler.py token_ranks) when logprobs are asked for.
+    token_ranks: Sequence[int] | None = None
 
     # Decodes one token for Logprob.decoded_token; the offline API (LLM) sets the tokenizer's.
     decode: Callable[[list[int]], str] | None = field(default=None, repr=False, compare=False)
@@ -161,7 +164,7 @@ class CompletionOutput:
         """vLLM's shape: `logprobs[i][token_id].logprob`, the sampled token's and the top-k alternatives' per step."""
         if self.token_logprobs is None:
             return None
-        return SampleLogprobs(self.token_ids, self.token_logprobs, self.top_logprobs, self.decode)
+        return SampleLogprobs(self.token_ids, self.token_logprobs, self.top_logprobs, self.decode, self.token_ranks)
 
 
 @dataclass
@@ -197,7 +200,8 @@ class Resume:
                 return None if xs is None else list(xs)
 
             return CompletionOutput(c.index, c.text, list(c.token_ids), listed(c.token_logprobs),
-                                    listed(c.top_logprobs), c.cumulative_logprob, c.finish_reason, c.stop_reason)
+                                    listed(c.top_logprobs), c.cumulative_logprob, c.finish_reason, c.stop_reason,
+                                    listed(c.token_ranks))
 
         return cls(out.seed, tuple(copy(c) for c in out.outputs))
 

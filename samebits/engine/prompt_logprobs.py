@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from samebits.engine.outputs import PromptStepResult
-from samebits.engine.sampler import top_k_logprobs
+from samebits.engine.sampler import token_ranks, top_k_logprobs
 from samebits.kernels.common import to_device
 
 # Prompt rows scored per slice: bounds the [rows, vocab] float32 logits (and their log_softmax, comparison mask and
@@ -80,6 +80,5 @@ def score_prompt_rows(logits_of, plan: PromptRowsPlan, ops) -> PromptScores:
         b = min(a + ROWS_PER_SLICE, len(plan.rows))
         logprobs = ops.log_softmax(logits_of(a, b), dim=-1)
         picked = logprobs.gather(1, to_device(plan.targets[a:b], torch.int64, logprobs.device)[:, None])
-        ranks = (logprobs >= picked).sum(dim=-1)  # vLLM's rank: how many tokens are at least as likely; exact
-        parts.append((picked[:, 0], ranks, *top_k_logprobs(logprobs, plan.k)))
+        parts.append((picked[:, 0], token_ranks(logprobs, picked), *top_k_logprobs(logprobs, plan.k)))
     return PromptScores(plan, *(torch.cat(column) for column in zip(*parts)))

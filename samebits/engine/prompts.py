@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from typing import TypedDict
 
 from samebits.models.tool_parsers import parser_for
 
@@ -15,6 +16,18 @@ _MARKED = re.compile(f"{MARK}([0-9]+){MARK}")
 
 # The template context's own names: chat_template_kwargs may not replace them (tools come through the tools field).
 RESERVED_TEMPLATE_KWARGS = ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents")
+
+
+class TextPrompt(TypedDict):
+    """vLLM's `TextPrompt`: a prompt as text, tokenized by the model's tokenizer."""
+
+    prompt: str
+
+
+class TokensPrompt(TypedDict):
+    """vLLM's `TokensPrompt`: a prompt as token ids, used as they are."""
+
+    prompt_token_ids: list[int]
 
 
 class ChatTemplateError(ValueError):

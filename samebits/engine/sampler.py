@@ -49,6 +49,7 @@ class SamplerOutput:
     logprobs: torch.Tensor  # [B] float32, the sampled token under log_softmax(raw logits)
     top_logprob_ids: torch.Tensor  # [B, k] int64, descending logprob, ties to the lowest id
     top_logprobs: torch.Tensor  # [B, k] float32
+    ranks: torch.Tensor | None = None  # [B] int64, the sampled token's rank (token_ranks); when a row asks for logprobs
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class SamplingBatch:
     sample_indices: list[int]
     positions: list[int]
     num_top_logprobs: int = 0
+    # Whether any row asks for logprobs (even 0 alternatives): the sampled tokens' ranks are computed then only.
+    ranks: bool = False
     # Per row its RowAdjust or None; None for the whole batch when no row adjusts its logits.
     adjust: list[RowAdjust | None] | None = None
     # The rows with a grammar, masked before the draw (structured/masks.py); None when no row has one.
@@ -96,7 +99,8 @@ class SamplingBatch:
         grammar = GrammarRows.of(histories, positions) if any(p.structured_outputs for p in params) else None
         return cls([p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params],
                    [p.min_p for p in params], list(seeds), list(sample_indices), positions,
-                   max((p.logprobs or 0 for p in params), default=0), adjust, grammar)
+                   max((p.logprobs or 0 for p in params), default=0), any(p.logprobs is not None for p in params),
+                   adjust, grammar)
 
     def __len__(self) -> int:
         return len(self.temperature)
@@ -111,7 +115,7 @@ class SamplingBatch:
 
         return SamplingBatch(pick(self.temperature), pick(self.top_k), pick(self.top_p), pick(self.min_p),
                              pick(self.seeds), pick(self.sample_indices), pick(self.positions), self.num_top_logprobs,
-                             None if self.adjust is None else pick(self.adjust))
+                             self.ranks, None if self.adjust is None else pick(self.adjust))
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,12 @@ def teacher_forced(logits: torch.Tensor, targets: list[int], ops) -> list[float]
     return logprobs.gather(1, torch.tensor(targets, device=logits.device)[:, None])[:, 0].tolist()
 
 
+def token_ranks(logprobs: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
+    """[R] int64 rank of each row's token whose logprob is `picked` [R, 1]: vLLM's count, how many tokens of the row
+    are at least as likely (1 for the most likely). A count over the row alone: exact, in any order."""
+    return (logprobs >= picked).sum(dim=-1)
+
+
 def top_k_logprobs(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if k <= 0:
         empty = logprobs.new_empty((logprobs.shape[0], 0))
@@ -247,7 +257,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, *, ops) -> SamplerOutput:
                                        _sample_rows(adjusted, rows, batch.select(rows), ops))
     logprobs = ops.log_softmax(logits, dim=-1)
     ids, values = top_k_logprobs(logprobs, batch.num_top_logprobs)
-    return SamplerOutput(tokens, logprobs.gather(1, tokens[:, None])[:, 0], ids, values)
+    picked = logprobs.gather(1, tokens[:, None])
+    ranks = token_ranks(logprobs, picked) if batch.ranks else None
+    return SamplerOutput(tokens, picked[:, 0], ids, values, ranks)
 
 
 def _sample_rows(logits, rows: list[int], sub: SamplingBatch, ops) -> torch.Tensor:

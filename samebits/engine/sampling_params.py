@@ -16,7 +16,7 @@ BIAS_LIMIT = 100.0
 
 # vLLM SamplingParams names samebits does not implement, so passing one names the gap instead of "unknown".
 NOT_IMPLEMENTED = ("bad_words", "logits_processors", "truncate_prompt_tokens",
-                   "guided_decoding", "spaces_between_special_tokens", "best_of",
+                   "guided_decoding", "spaces_between_special_tokens",
                    "detokenize", "extra_args")
 
 
@@ -71,6 +71,8 @@ class SamplingParams:
     # The grammar the output follows (vLLM's shape; masked row by row before the draw, samebits/structured/).
     structured_outputs: StructuredOutputsParams | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # vLLM's: draw best_of samples, return the n best. Every sample is returned, so only best_of == n (or None).
+    best_of: int | None = None
 
     def __new__(cls, *args, **kwargs):
         # The dataclass __init__'s TypeError names neither the valid names nor whether vLLM has the unknown one.
@@ -108,6 +110,9 @@ class SamplingParams:
         _require(_is_int(k) and (k == -1 or k >= 1), f"top_k must be -1 or 0 (off) or >= 1, got {k!r}")
         _require(_is_int(mt) and mt >= 1, f"max_tokens must be an int >= 1, got {mt!r}")
         _require(_is_int(n) and n >= 1, f"n must be an int >= 1, got {n!r}")
+        _require(self.best_of is None or self.best_of == n,
+                 f"best_of must be None or equal n ({n}): samebits returns every sample it draws, got "
+                 f"{self.best_of!r}")
         lp_ok = lp is None or (_is_int(lp) and 0 <= lp <= MAX_LOGPROBS)
         _require(lp_ok, f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {lp!r}")
         # Seeds travel through int64 tensors and JSON, so they must fit a signed 64-bit int.

@@ -12,7 +12,6 @@ import threading
 from samebits.engine.config import EngineConfig
 from samebits.engine.llm import LLM
 from samebits.engine.outputs import RequestOutput
-from samebits.engine.prompts import normalize_prompts
 from samebits.engine.sampling_params import check_vocab
 
 
@@ -36,8 +35,9 @@ class FleetLLM(LLM):
     def _call(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
-    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
-        items = normalize_prompts(prompts, self.tokenizer.encode)
+    def generate(self, prompts=None, sampling_params=None, use_tqdm: bool = True, *,
+                 prompt_token_ids=None) -> list[RequestOutput]:
+        items = self._prompt_items(prompts, prompt_token_ids)
         params = self._params_per_prompt(sampling_params, len(items))
         for p in params:  # before any request is queued, so a bad one loses nothing
             check_vocab(p, self.engine.vocab_size)

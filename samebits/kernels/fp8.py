@@ -119,6 +119,13 @@ def pow2(e: torch.Tensor) -> torch.Tensor:
     return ((e.to(torch.int32) + 127) << 23).view(torch.float32)
 
 
+def _over_fp8_max(amax: torch.Tensor) -> torch.Tensor:
+    """amax / FP8_MAX correctly rounded on every device: divided by a tensor on amax's device, since CUDA divides by a
+    Python number as a multiplication by its rounded reciprocal (1/448 is not exact; seen on the H200 as online
+    quantisation's scales differing from the CPU's)."""
+    return amax / amax.new_full((), FP8_MAX)
+
+
 def to_fp8(y: torch.Tensor) -> torch.Tensor:
     """float32 -> e4m3, clamped to +-FP8_MAX, nearest even (torch's cast)."""
     return y.clamp(-FP8_MAX, FP8_MAX).to(FP8)
@@ -132,7 +139,7 @@ def quantize_activations(x2d: torch.Tensor, recipe: Fp8Recipe, input_scale: torc
         return to_fp8(xf / input_scale.reshape(())), None
     if recipe.activations == "tensor":
         amax = xf.abs().amax() if xf.numel() else xf.new_zeros(())
-        scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        scale = torch.where(amax > 0, _over_fp8_max(amax), torch.ones_like(amax))
         return to_fp8(xf / scale), scale.expand(xf.shape[0]).contiguous()
     if recipe.activations == "group":
         m, k = xf.shape
@@ -153,7 +160,7 @@ def quantize_weight(w: torch.Tensor, per_tensor: bool = False) -> tuple[torch.Te
     amax = wf.abs().amax(-1) if wf.shape[1] else wf.new_zeros(wf.shape[0])
     if per_tensor:
         amax = amax.amax().expand_as(amax)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    scale = torch.where(amax > 0, _over_fp8_max(amax), torch.ones_like(amax))
     return to_fp8(wf / scale[:, None]), scale.contiguous()
 
 

@@ -77,16 +77,19 @@ def resolve_dtype(dtype, device: str) -> torch.dtype:
 
 
 def resolve_path(name_or_path: str | Path) -> tuple[str, Path]:
-    """A built-in name is fetched into the cache; anything else must be an existing folder or .gguf file."""
-    from samebits.models import hub
+    """A built-in name is fetched into the cache; a Hub id ("org/name") that is no local path is read from the local
+    Hugging Face cache (models/hf_cache.py); anything else must be an existing folder or .gguf file."""
+    from samebits.models import hf_cache, hub
 
     text = str(name_or_path)
     if text in hub.BUILTIN:
         return text, hub.fetch(text)
     path = Path(text).expanduser()
+    if not path.exists() and hf_cache.looks_like_hub_id(text):
+        return text, hf_cache.resolve_hub_id(text)
     if not path.exists():
         raise FileNotFoundError(f"no model {text!r}: not a built-in name ({', '.join(hub.BUILTIN)}), "
-                                "an HF model folder, or a .gguf file")
+                                "an HF model folder, a .gguf file or a Hub id (org/name) in the Hugging Face cache")
     return path.name, path
 
 
@@ -120,6 +123,17 @@ def source_kind(path: Path) -> str:
     if path.suffix == ".gguf":
         return GGUF_FILE
     raise ValueError(f"cannot load {path}: expected an HF model folder or a .gguf file")
+
+
+def load_tokenizer(name_or_path) -> Tokenizer:
+    """The tokenizer the engine would load for this model, without its weights (`samebits tokenizer export`)."""
+    _, path = resolve_path(name_or_path)
+    if source_kind(path) == HF_FOLDER:
+        return Tokenizer.from_hf_dir(path)
+    from samebits.models.gguf_file import read_gguf
+    from samebits.models.loader_gguf import gguf_tokenizer
+
+    return gguf_tokenizer(read_gguf(path)[0])
 
 
 def _load_path(path: Path, ops, dtype: torch.dtype, track, quantization: str | None = None):

@@ -77,6 +77,25 @@ class Tokenizer:
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
 
+    def hf_config(self) -> dict:
+        """tokenizer_config.json of this tokenizer as transformers reads it back (PreTrainedTokenizerFast over
+        tokenizer.json), vLLM's /tokenizer_info body too: the special tokens' text and the chat template. No clean-up
+        of spaces on decode: the `tokenizers` backend does none, and the exported folder must decode the same."""
+        return {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+                **self.special_tokens, "chat_template": self.chat_template}
+
+    def save_pretrained(self, path: Path) -> list[Path]:
+        """An HF tokenizer folder (`AutoTokenizer.from_pretrained(path)`) for whatever this was loaded from, a GGUF
+        file included: tokenizer.json, tokenizer_config.json, special_tokens_map.json. Returns the files written."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        files = [path / "tokenizer.json", path / "tokenizer_config.json", path / "special_tokens_map.json"]
+        self.backend.save(str(files[0]))
+        config = {k: v for k, v in self.hf_config().items() if v is not None}
+        files[1].write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        files[2].write_text(json.dumps(self.special_tokens, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        return files
+
     @classmethod
     def from_hf_dir(cls, path: Path, extra_eos_ids=()) -> Tokenizer:
         path = Path(path)

@@ -19,11 +19,12 @@ from samebits.server.admin import add_admin_routes
 from samebits.server.errors import APIError, clip, engine_dead, error_response, map_error, not_found
 from samebits.server.metrics import CONTENT_TYPE
 from samebits.server.middleware import GuardMiddleware
-from samebits.server.protocol import ChatRequest, CompletionRequest
+from samebits.server.protocol import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from samebits.server.requests import chat_job, completion_job, read_model
 from samebits.server.responses import json_response
 from samebits.server.run import STATUS_CLIENT_GONE, respond
 from samebits.server.state import ServerState
+from samebits.server.tokenize import detokenize, tokenize, tokenizer_info
 
 log = logging.getLogger("samebits.server")
 
@@ -86,9 +87,9 @@ def _lifespan(state: ServerState):
     return lifespan
 
 
-def _model_card(state: ServerState) -> dict:
-    # root is the served name too: the real name, or the path it was loaded from, stays the operator's.
-    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "samebits",
+def _model_card(state: ServerState, name: str) -> dict:
+    # root is the first served name: the real name, or the path it was loaded from, stays the operator's.
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "samebits",
             "root": state.model_name, "max_model_len": state.max_model_len}
 
 
@@ -105,15 +106,44 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models")
     async def models() -> Response:
-        return json_response({"object": "list", "data": [_model_card(state)]}, {})
+        # One card per served name, as vLLM lists them.
+        return json_response({"object": "list", "data": [_model_card(state, n) for n in state.config.served_names]},
+                             {})
 
     @app.get("/v1/models/{model:path}")
     @guarded
     async def model(request: Request) -> Response:
         state.check_model(request.path_params["model"])
-        return json_response(_model_card(state), {})
+        return json_response(_model_card(state, request.path_params["model"]), {})
 
+    _add_tokenizer_routes(app, state)
     _add_ops_routes(app, state)
+
+
+async def _tokenizer_call(state: ServerState, request: Request, model: type[BaseModel], answer) -> Response:
+    try:
+        req = await read_model(request, model, state.config.max_body_bytes, state.parse_turn)
+    except ClientDisconnect:
+        state.metrics.disconnects.inc()
+        return Response(status_code=STATUS_CLIENT_GONE)
+    return json_response(await asyncio.to_thread(answer, state, req), {})  # off the loop, as handle() tokenizes
+
+
+def _add_tokenizer_routes(app: FastAPI, state: ServerState) -> None:
+    """vLLM's tokenizer routes (server/tokenize.py), at the root as vLLM has them."""
+    @app.post("/tokenize")
+    @guarded
+    async def tokenize_route(request: Request) -> Response:
+        return await _tokenizer_call(state, request, TokenizeRequest, tokenize)
+
+    @app.post("/detokenize")
+    @guarded
+    async def detokenize_route(request: Request) -> Response:
+        return await _tokenizer_call(state, request, DetokenizeRequest, detokenize)
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info_route() -> Response:
+        return json_response(tokenizer_info(state), {})
 
 
 def _add_ops_routes(app: FastAPI, state: ServerState) -> None:

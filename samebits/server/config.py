@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 from samebits.engine.config import EngineConfig
 from samebits.models.tool_parsers import TOOL_CALL_PARSERS
@@ -32,7 +33,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: tuple[str, ...] = ()
-    served_model_name: str | None = None
+    # vLLM's: the names clients may send, the first reported in responses (a str is one name); (): --model's.
+    served_model_name: tuple[str, ...] = ()
     max_n: int = 16
     max_logprobs: int = 20
     max_prompts: int = 64
@@ -61,8 +63,17 @@ class ServerConfig:
     engine_process: bool | None = None
     # The model family's tool-call format (models/tool_parsers.py, vLLM's names); auto: read off the chat template.
     tool_call_parser: str = "auto"
+    # vLLM's: a Jinja chat template file (or the template itself, one line) used instead of the model's own.
+    chat_template: str | None = None
+    # vLLM's: no access log line per request.
+    disable_log_requests: bool = False
+    # vLLM's flag, accepted: samebits runs no model code from a checkpoint, so it is never needed (serve says so).
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
+        names = self.served_model_name
+        object.__setattr__(self, "served_model_name", (names,) if isinstance(names, str) else tuple(names or ()))
+        self._check_names()
         self._check_engine()
         self._check_address()
         self._check_keys()
@@ -78,6 +89,27 @@ class ServerConfig:
             raise ValueError("max_waiting must be set for a server (its waiting queue is bounded), got None")
         if self.engine_process is not None and not isinstance(self.engine_process, bool):
             raise ValueError(f"engine_process must be None or a bool, got {self.engine_process!r}")
+
+    def _check_names(self) -> None:
+        if any(not isinstance(n, str) or not n for n in self.served_model_name):
+            raise ValueError(f"served_model_name must be non-empty strings, got {self.served_model_name!r}")
+        for name in ("disable_log_requests", "trust_remote_code"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")  # noqa: TRY004
+        if self.chat_template is not None:
+            self.chat_template_text()
+
+    def chat_template_text(self) -> str | None:
+        """--chat-template's template: the file's text, or the value itself when it is a template (as vLLM)."""
+        value = self.chat_template
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+        if "{{" in value or "{%" in value:
+            return value
+        raise ValueError(f"chat_template: no file at {value} (nor a Jinja template itself)")
 
     def uses_engine_process(self, device: str) -> bool:
         """engine_process, with None resolved for the engine's device ("cuda:0", "cpu", ...)."""
@@ -117,7 +149,12 @@ class ServerConfig:
 
     @property
     def model_name(self) -> str:
-        return self.served_model_name or self.engine.model
+        """The name responses report: the first served name, as vLLM's."""
+        return self.served_names[0]
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        return self.served_model_name or (self.engine.model,)
 
     @classmethod
     def from_dict(cls, data: dict) -> ServerConfig:

@@ -123,3 +123,21 @@ class ChatRequest(_Sampling):
     tools: list[Tool] | None = None  # server/tools.py
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+
+
+class TokenizeRequest(_Base):
+    """vLLM's /tokenize: a completion prompt, or chat messages rendered by the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # vLLM's default: true for a prompt, false for messages
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Base):
+    model: str | None = None
+    tokens: list[int]

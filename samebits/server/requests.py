@@ -299,12 +299,12 @@ def completion_job(state: ServerState, req: CompletionRequest) -> Job:
                _include_usage(req), scored is not None, echo_only)
 
 
-def _chat_ids(state: ServerState, req: ChatRequest, plan: ToolPlan | None) -> list[int]:
+def chat_ids(state: ServerState, req, tools: list[dict] | None = None) -> list[int]:
+    """The prompt ids of a request's messages and chat template fields (a chat request's, a /tokenize one's)."""
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
     try:
         return render_chat(state.tokenizer, messages, req.add_generation_prompt, req.continue_final_message,
-                           req.chat_template_kwargs, plan.tools if plan is not None else None,
-                           state.config.tool_call_parser)
+                           req.chat_template_kwargs, tools, state.config.tool_call_parser)
     except ChatTemplateError as e:
         raise invalid(str(e), "messages") from None
     except ValueError as e:
@@ -315,7 +315,7 @@ def chat_job(state: ServerState, req: ChatRequest) -> Job:
     _check_request(state, req, "chat")
     _check_chat(req, state.config.max_logprobs)
     plan = tool_plan(req, state.config.tool_call_parser, state.tokenizer)
-    ids = _chat_ids(state, req, plan)
+    ids = chat_ids(state, req, plan.tools if plan is not None else None)
     named = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     requested = getattr(req, named)
     max_tokens = requested if requested is not None else state.default_max_tokens(len(ids))

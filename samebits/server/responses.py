@@ -54,19 +54,29 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 # ---- logprobs -------------------------------------------------------------------------------------------------------
 def completion_logprobs(tok: Callable[[int], str], ids: list[int], lps: list[float],
                         tops: list[dict] | None, offset: int) -> dict:
-    """The legacy completions shape: parallel lists of tokens, logprobs, top alternatives and text offsets."""
+    """The legacy completions shape: parallel lists of tokens, logprobs, top alternatives and text offsets. A step's
+    alternatives hold its sampled token too, as OpenAI's and vLLM's (logprobs=k: up to k+1 entries; 0: the token)."""
     tokens = [tok(t) for t in ids]
     offsets = list(itertools.accumulate([len(s) for s in tokens[:-1]], initial=offset)) if tokens else []
-    # logprobs=0 leaves every step's alternatives empty: the common case, which needs no sort.
-    top = None if tops is None else [{tok(k): lp(v) for k, v in _items(d)} if d else {} for d in tops]
+    top = None if tops is None else [{tok(k): lp(w) for k, w in _with_token(t, v, d)} for t, v, d in zip(ids, lps, tops)]
     return {"tokens": tokens, "token_logprobs": [lp(v) for v in lps], "top_logprobs": top, "text_offset": offsets}
+
+
+def _with_token(token: int, value: float, alternatives) -> list:
+    """A step's (token_id, logprob) pairs, best first: the alternatives and the token itself (once: among the top-k
+    its value is the same float)."""
+    if not alternatives:  # logprobs=0: the common case, which needs no sort
+        return [(token, value)]
+    pairs = dict(alternatives.items() if isinstance(alternatives, dict) else map(tuple, alternatives))
+    pairs.setdefault(token, value)
+    return _items(pairs)
 
 
 def completion_logprobs_json(state: ServerState, ids: list[int], lps: list[float], tops: list | None,
                              offset: int) -> tuple[str, int]:
     """(dumps(completion_logprobs(...)), the tokens' text length), written out for a chunk where alternatives are
-    none or empty (logprobs=0): one cached JSON string per token, no dicts (tests/server/test_responses.py holds the
-    two equal). The length is where the next chunk's text_offset starts."""
+    none or empty (logprobs=0: each step's the sampled token alone): one cached JSON string per token, no dicts
+    (tests/server/test_responses.py holds the two equal). The length is where the next chunk's text_offset starts."""
     if tops and any(tops):
         return (dumps(completion_logprobs(state.token_text, ids, lps, tops, offset)),
                 sum(map(len, map(state.token_text, ids))))
@@ -76,20 +86,23 @@ def completion_logprobs_json(state: ServerState, ids: list[int], lps: list[float
         tokens.append(token)
         offsets.append(str(at))
         at += length
-    top = "null" if tops is None else f"[{','.join(['{}'] * len(tops))}]"
-    text = (f'{{"tokens":[{",".join(tokens)}],"token_logprobs":[{",".join(map(lp_json, lps))}],'
+    values = list(map(lp_json, lps))
+    top = "null" if tops is None else f"[{','.join(f'{{{t}:{v}}}' for t, v in zip(tokens, values))}]"
+    text = (f'{{"tokens":[{",".join(tokens)}],"token_logprobs":[{",".join(values)}],'
             f'"top_logprobs":{top},"text_offset":[{",".join(offsets)}]}}')
     return text, at - offset
 
 
 def prompt_completion_logprobs(tok: Callable[[int], str], ids: list[int], plp, k: int) -> dict:
     """echo's prompt part in the legacy shape, `plp` the engine's PromptLogprobs with k alternatives per token:
-    nothing predicts the first token, so its logprob and alternatives are null, as in OpenAI's and vLLM's."""
+    nothing predicts the first token, so its logprob and alternatives are null, as in OpenAI's and vLLM's; each
+    other token is among its own alternatives, as a sampled token is (completion_logprobs)."""
     lps, top = [None], [None]
     for i, t in enumerate(ids[1:], start=1):
         step = plp[i]
         lps.append(lp(step[t].logprob))
-        top.append({tok(u): lp(r.logprob) for u, r in step.items() if r.rank <= k})  # the token only if among them
+        alternatives = {u: r.logprob for u, r in step.items() if u != t and r.rank <= k}
+        top.append({tok(u): lp(v) for u, v in _with_token(t, step[t].logprob, alternatives)})
     return {**completion_logprobs(tok, ids, [], None, 0), "token_logprobs": lps, "top_logprobs": top}
 
 
@@ -176,9 +189,10 @@ def json_response(obj: dict, headers: dict[str, str], status: int = 200) -> Resp
 
 
 # ---- bodies ----------------------------------------------------------------------------------------------------
-def _usage(outs: list) -> dict:
+def _usage(job: Job, outs: list) -> dict:
     prompt = sum(len(o.prompt_token_ids) for o in outs)
-    completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    # echo with max_tokens=0 answers no token: the one drawn to get the prompt scored is not counted (_answer).
+    completion = 0 if job.echo_only else sum(len(c.token_ids) for o in outs for c in o.outputs)
     return usage(prompt, completion, sum(o.num_cached_tokens or 0 for o in outs))
 
 
@@ -233,7 +247,7 @@ def text_body(state: ServerState, job: Job, outs: list) -> dict:
                 choice["prompt_logprobs"] = vllm_prompt_logprobs(state.token_text, out.prompt_logprobs)
             choices.append(choice)
     choices.sort(key=lambda ch: ch["index"])
-    return {**job.meta.head("text_completion"), "choices": choices, "usage": _usage(outs)}
+    return {**job.meta.head("text_completion"), "choices": choices, "usage": _usage(job, outs)}
 
 
 def _reply(job: Job, c) -> tuple[dict, str | None]:
@@ -249,7 +263,7 @@ def chat_body(state: ServerState, job: Job, outs: list) -> dict:
                 "logprobs": _chat_logprobs(state, c, c.token_ids, 0) if job.logprobs else None,
                 "finish_reason": finish, "stop_reason": c.stop_reason, "token_ids": list(c.token_ids)}
                for c, (message, finish) in zip(outs[0].outputs, replies)]
-    body = {**job.meta.head("chat.completion"), "choices": choices, "usage": _usage(outs)}
+    body = {**job.meta.head("chat.completion"), "choices": choices, "usage": _usage(job, outs)}
     if job.prompt_logprobs:  # vLLM's place: the response, beside the choices
         body["prompt_logprobs"] = vllm_prompt_logprobs(state.token_text, outs[0].prompt_logprobs)
     return body
@@ -350,7 +364,7 @@ class StreamWriter:
         if not self.job.include_usage:
             return []
         outs = [self.last[i] for i in sorted(self.last)]
-        return [{**self._head(), "choices": [], "usage": _usage(outs)}]
+        return [{**self._head(), "choices": [], "usage": _usage(self.job, outs)}]
 
 
 def _sse(obj: dict) -> bytes:

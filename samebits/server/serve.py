@@ -29,7 +29,7 @@ def uvicorn_config(app, config: ServerConfig, **overrides):
     values = {"host": config.host, "port": config.port, "http": guarded_protocol(limits), "loop": "asyncio",
               "lifespan": "on", "log_level": config.log_level, "timeout_keep_alive": config.timeout_keep_alive,
               "h11_max_incomplete_event_size": 2 * config.max_header_bytes, "server_header": False,
-              "timeout_graceful_shutdown": 30}
+              "timeout_graceful_shutdown": 30, "access_log": not config.disable_log_requests}
     values.update(overrides)
     return uvicorn.Config(app, **values)
 
@@ -130,6 +130,10 @@ def _configure_logging(level: str) -> None:
         root.addHandler(handler)
 
 
+TRUST_REMOTE_CODE_NOTE = ("--trust-remote-code is not needed: samebits runs no code from a checkpoint (its models "
+                          "are its own), so the flag changes nothing")
+
+
 def serve(config: ServerConfig) -> None:
     import uvicorn
 
@@ -137,6 +141,8 @@ def serve(config: ServerConfig) -> None:
     from samebits.server.app import build_app
 
     _configure_logging(config.log_level)
+    if config.trust_remote_code:
+        log.warning(TRUST_REMOTE_CODE_NOTE)
     # Everything that can be refused in a second (port, device, model path) is checked before the seconds of loading.
     sock = bind_socket(config)
     url = socket_url(sock)

@@ -67,6 +67,8 @@ class ServerState:
         self.engine = engine
         self.config = config
         self.tokenizer = engine.tokenizer
+        if config.chat_template is not None:  # --chat-template: the server renders every chat with it
+            self.tokenizer.chat_template = config.chat_template_text()
         self.max_model_len = int(engine.max_model_len)
         self.vocab_size = _vocab_size(engine)
         self.fingerprint = dict(engine.fingerprint())
@@ -105,10 +107,10 @@ class ServerState:
         return piece
 
     def check_model(self, model: str) -> None:
-        # Only the served name: with --served-model-name, the real name (or path) is not a name clients may know.
-        if model != self.model_name:
-            raise not_found(f"The model `{clip(model)}` does not exist; this server serves `{self.model_name}`.",
-                            "model", "model_not_found")
+        # Only the served names: with --served-model-name, the real name (or path) is not a name clients may know.
+        if model not in self.config.served_names:
+            raise not_found(f"The model `{clip(model)}` does not exist; this server serves "
+                            f"{', '.join(f'`{n}`' for n in self.config.served_names)}.", "model", "model_not_found")
 
     def check_text_size(self, req) -> None:
         """Refuse text too long to ever fit before anything tokenizes it."""

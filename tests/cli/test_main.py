@@ -95,3 +95,60 @@ def test_serve_bad_speculative_config_is_one_line_error(served, value, says):
     res = run("serve", "/models/a", "--speculative-config", value)
     assert_one_line_error(res)
     assert says in res.output and served == []
+
+
+def test_tokenizer_export_writes_an_hf_folder_or_one_line_error(tmp_path):
+    from samebits.models.testing import write_tiny_checkpoint
+    from samebits.models.tokenizer import Tokenizer
+
+    model = write_tiny_checkpoint(tmp_path / "ckpt", "llama3")
+    res = run("tokenizer", "export", str(tmp_path / "out"), "--model", str(model))
+    assert res.exit_code == 0, res.output
+    assert Tokenizer.from_hf_dir(tmp_path / "out").encode("a b c") == Tokenizer.from_hf_dir(model).encode("a b c")
+    missing = run("tokenizer", "export", str(tmp_path / "x"), "--model", str(tmp_path / "none"))
+    assert_one_line_error(missing)
+    assert "no model" in missing.output
+
+
+@pytest.mark.parametrize("args,model,names", [
+    (["serve", "/models/a", "--served-model-name", "x", "y"], "/models/a", ("x", "y")),
+    (["serve", "--served-model-name", "x", "y", "--port", "9", "/models/a"], "/models/a", ("x", "y")),
+    (["serve", "/models/a", "--served-model-name", "x"], "/models/a", ("x",)),
+])
+def test_served_model_name_takes_several_names_vllms_way(served, args, model, names):
+    """`--served-model-name a b` took b as the model path on 2026-12-04; vLLM reads both as names."""
+    res = run(*args)
+    assert res.exit_code == 0, res.output
+    assert served[0].engine.model == model and served[0].served_model_name == names
+    assert served[0].model_name == names[0]
+
+
+def test_chat_template_must_be_a_file_or_a_template(served, tmp_path):
+    res = run("serve", "/models/a", "--chat-template", str(tmp_path / "missing.jinja"))
+    assert_one_line_error(res)
+    assert "chat_template: no file at" in res.output
+
+
+def test_serve_help_reads_at_80_columns_grouped_with_every_flag_whole_and_described():
+    """`serve --help` at 80 columns on 2026-12-04: flag names cut (`--max-num-batched-…`), one ungrouped box,
+    flags without a description; -h and -V refused."""
+    import click
+    import typer.main
+
+    from samebits.cli.main import SERVE_GROUPS
+
+    out = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "80"}, terminal_width=80).output
+    assert CliRunner().invoke(app, ["serve", "-h"], env={"COLUMNS": "80"}, terminal_width=80).output == out
+    assert max(map(len, out.splitlines())) <= 80 and "…" not in out
+    starts = [out.index(f"\n{group}:\n") for group in SERVE_GROUPS]
+    assert starts == sorted(starts)
+    command = typer.main.get_command(app).commands["serve"]
+    ctx = click.Context(command)
+    options = [p for p in command.params if p.param_type_name == "option"]
+    assert len(options) > 45
+    for option in options:
+        for name in option.opts + option.secondary_opts:
+            assert f"  {name} " in out or f" {name}\n" in out or f"{name} / " in out or f"/ {name}\n" in out, name
+        help_text = " ".join(option.get_help_record(ctx)[1].split())
+        assert option.help and "default" in help_text.lower(), option.name
+    assert run("-V").output == run("--version").output == f"samebits {version('samebits')}\n"

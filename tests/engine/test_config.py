@@ -47,6 +47,10 @@ def test_block_size_none_takes_the_device_page():
         ({"all_reduce": "ring"}, "all_reduce", "ordered"),
         ({"all_reduce": "invariant", "mode": "fast"}, "all_reduce='invariant'", "deterministic"),
         ({"quantization": "int4"}, "quantization", "fp8_per_tensor"),
+        ({"gpu_memory_utilization": 0}, "gpu_memory_utilization", "(0, 1]"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization", "(0, 1]"),
+        ({"gpu_memory_utilization": True}, "gpu_memory_utilization", "(0, 1]"),
+        ({"enforce_eager": "yes"}, "enforce_eager", "bool"),
     ],
 )
 def test_validation_names_field_and_limit(kwargs, field, limit):
@@ -82,3 +86,10 @@ def test_async_scheduling_needs_one_rank():
         EngineConfig(async_scheduling=True, tensor_parallel_size=2)
     assert EngineConfig(tensor_parallel_size=2).async_scheduling is None, "unset, the engine leaves it off at TP > 1"
     assert EngineConfig(async_scheduling=True, all_reduce="invariant").async_scheduling, "one rank's sharded model"
+
+
+def test_enforce_eager_is_cuda_graphs_off_either_spelling():
+    """vLLM's enforce_eager and samebits' cuda_graphs name one switch: equal configs whatever the spelling."""
+    assert EngineConfig(enforce_eager=True) == EngineConfig(cuda_graphs=False)
+    assert not EngineConfig(enforce_eager=True).cuda_graphs and EngineConfig(cuda_graphs=False).enforce_eager
+    assert EngineConfig().cuda_graphs and not EngineConfig().enforce_eager

@@ -209,6 +209,19 @@ def test_logprobs_are_vllm_shaped(llm):
         assert step[token].decoded_token == llm.tokenizer.decode([token], skip_special_tokens=False)
 
 
+def test_sampled_token_rank_is_its_real_rank_outside_the_top_k(llm):
+    """vLLM's rank for a sampled token outside the top-k (here k=0): how many tokens of its row are at least as
+    likely, the count prompt_logprobs gives the same token at the same place (the rows are bit-equal)."""
+    p = prompts(1, seed=14)[0]
+    c = llm.generate([p], SamplingParams(temperature=2.0, seed=3, max_tokens=6, logprobs=0, ignore_eos=True),
+                     use_tqdm=False)[0].outputs[0]
+    again = llm.generate([p + c.token_ids], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    ranks = [step[t].rank for step, t in zip(c.logprobs, c.token_ids)]
+    assert ranks == [again.prompt_logprobs[len(p) + i][t].rank for i, t in enumerate(c.token_ids)]
+    assert max(ranks) > 1, "temperature 2 on a random model samples past the most likely token"
+    assert llm.generate([p], SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ranks is None
+
+
 def test_penalised_request_alone_equals_batched(llm):
     """The penalties read each row's own history through the runner: batching and neighbours change no bit."""
     # Greedy on a random model repeats itself, so the penalties move tokens (the negative control below).

@@ -163,3 +163,62 @@ def test_progress_counts_every_request_a_step_advanced_due_or_not(llm):
 def test_the_cpu_engine_takes_16_token_pages(llm):
     engine = llm.engine
     assert (engine.config.block_size, engine.scheduler.bm.block_size, engine.runner.block_size) == (16, 16, 16)
+
+
+def test_vllm_offline_names_rejected_on_2026_12_04(llm):
+    """The calls of the issue: best_of == n, prompt_token_ids=, samebits.TokensPrompt/TextPrompt, llm.llm_engine."""
+    import samebits
+    from samebits.engine.llm_engine import LLMEngine
+
+    ids = [5, 17, 99, 4]
+    greedy = SamplingParams(n=2, best_of=2, temperature=0.0, max_tokens=3, ignore_eos=True)
+    out = llm.generate(prompt_token_ids=[ids], sampling_params=greedy, use_tqdm=False)[0]
+    assert len(out.outputs) == 2 and out.prompt_token_ids == ids
+    assert _generated(llm.generate([samebits.TokensPrompt(prompt_token_ids=ids)], greedy, use_tqdm=False)) == \
+        _generated([out])
+    text = llm.generate(samebits.TextPrompt(prompt="a b c"), greedy, use_tqdm=False)[0]
+    assert text.prompt_token_ids == llm.tokenizer.encode("a b c")
+    with pytest.raises(ValueError, match="best_of must be None or equal n \\(2\\)"):
+        SamplingParams(n=2, best_of=3)
+    with pytest.raises(ValueError, match="prompts or prompt_token_ids"):
+        llm.generate([ids], prompt_token_ids=[ids])
+    assert isinstance(llm.llm_engine, LLMEngine) and llm.llm_engine is llm.engine
+
+
+def test_vllm_engine_arguments_are_accepted_on_the_cpu(tmp_path):
+    """LLM(gpu_memory_utilization=0.9) was refused on 2026-12-04; on the CPU it is accepted and the KV pool stays
+    the CPU's fixed one. Two engines of one seed draw the same seeds (vLLM's LLM(seed=...))."""
+    from samebits.engine.model_runner import CPU_KV_TOKENS
+
+    path = str(write_tiny_checkpoint(tmp_path, "llama3", seed=3))
+    kw = {"device": "cpu", "gpu_memory_utilization": 0.9, "max_num_seqs": 4, "enforce_eager": True, "seed": 0}
+    a, b = LLM(model=path, **kw), LLM(model=path, **kw)
+    assert a.config.enforce_eager and not a.config.cuda_graphs and a.config.max_num_seqs == 4
+    runner = a.llm_engine.runner
+    assert runner.num_blocks * runner.block_size == CPU_KV_TOKENS
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    assert [o.seed for o in a.generate([[5, 6]] * 2, params, use_tqdm=False)] == \
+        [o.seed for o in b.generate([[5, 6]] * 2, params, use_tqdm=False)]
+
+
+@pytest.mark.gpu
+def test_two_engines_share_one_gpu_by_gpu_memory_utilization(tmp_path):
+    """The issue's second engine in one CUDA process ran out of memory (each took the free memory); with vLLM's
+    gpu_memory_utilization each keeps to its share of the GPU, and both give the same bits."""
+    import torch
+
+    from tests.engine.test_invariance import SHAPES
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    path = str(write_tiny_checkpoint(tmp_path, "llama3", seed=3, **SHAPES["cuda"]))
+    total = torch.cuda.mem_get_info()[1]
+    engines = [LLM(model=path, device="cuda", gpu_memory_utilization=0.4) for _ in range(2)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=0)
+    outs = [_generated(e.generate([[5, 17, 99, 4]], params, use_tqdm=False)) for e in engines]
+    assert outs[0] == outs[1]
+    for e in engines:
+        runner = e.llm_engine.runner
+        kv = runner.num_blocks * runner.block_size * 2 * runner.model_config.num_layers * \
+            runner.model_config.num_kv_heads * runner.model_config.head_dim * 2
+        assert kv <= 0.4 * total, (kv, total)

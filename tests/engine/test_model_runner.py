@@ -110,3 +110,29 @@ def test_read_back_cuts_each_rows_top_logprobs_to_its_own_count(seed):
         assert (r.token_id, r.logprob) == (7 + i, out.logprobs[i].item())
         want = [(top_ids[i, j].item(), out.top_logprobs[i, j].item()) for j in range(k or 0)]
         assert list(r.top_logprobs.items()) == want
+
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize("util,free,want_gib", [(None, 100, 80.0), (0.45, 100, 0.8 * (45 - 2)),
+                                                 (0.45, 30, 0.8 * 30), (1.0, 100, 0.8 * 98)])
+def test_gpu_memory_utilization_limits_the_kv_cache(monkeypatch, util, free, want_gib):
+    """vLLM's gpu_memory_utilization on a 100 GiB GPU (its memory query faked): the KV cache takes its share of the
+    budget past the engine's 2 GiB of weights, never more than the free memory allows; None: a share of the free."""
+    from samebits.engine.config import EngineConfig
+    from samebits.engine.model_runner import GPU_KV_MEMORY_FRACTION, choose_num_blocks, kv_bytes_per_token
+
+    assert GPU_KV_MEMORY_FRACTION == 0.8
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free * GIB, 100 * GIB))
+    config = EngineConfig(block_size=64, gpu_memory_utilization=util)
+    model = SimpleNamespace(num_layers=2, num_kv_heads=2, head_dim=64)
+    per_block = kv_bytes_per_token(model, torch.bfloat16) * 64
+    got = choose_num_blocks(config, model, torch.bfloat16, torch.device("cuda", 0), 2 * GIB)
+    assert got == int(want_gib * GIB) // per_block
+    # The CPU's pool is fixed: the flag is accepted and changes nothing there (README, "Coming from vLLM").
+    assert choose_num_blocks(config, model, torch.bfloat16, torch.device("cpu"), 2 * GIB) == \
+        choose_num_blocks(EngineConfig(block_size=64), model, torch.bfloat16, torch.device("cpu"))
+    with pytest.raises(ValueError, match="gpu_memory_utilization=0.01 gives this engine 1.0 GiB"):
+        choose_num_blocks(EngineConfig(gpu_memory_utilization=0.01, block_size=64), model, torch.bfloat16,
+                          torch.device("cuda", 0), 2 * GIB)

@@ -15,8 +15,9 @@ SEED = 0
 
 def _sample(index: int, ids: list[int], lps: list[float] | None, text: str, reason=None, stop=None):
     top = None if lps is None else [{t: lp - 1.0} for t, lp in zip(ids, lps)]
+    ranks = None if lps is None else [1 + t % 50 for t in ids]
     return CompletionOutput(index, text, list(ids), None if lps is None else list(lps), top,
-                            sum(lps or [0.0]), reason, stop)
+                            sum(lps or [0.0]), reason, stop, ranks)
 
 
 def _steps(rng: random.Random) -> list[list[RequestOutput]]:
@@ -56,7 +57,7 @@ def _bits(outs) -> list[list[int]]:
 def test_rebuilt_outputs_equal_the_engines_bit_for_bit():
     steps = _steps(random.Random(SEED))
     rebuilt = _roundtrip(steps)
-    assert rebuilt == steps  # every field: text, ids, logprobs, top logprobs, reasons, cached tokens, seeds, times
+    assert rebuilt == steps  # every field: text, ids, logprobs, top logprobs, ranks, reasons, cached tokens, seeds, times
     assert [_bits(o) for o in rebuilt] == [_bits(o) for o in steps]
     assert rebuilt[2][2].outputs[0].text == "abc" and rebuilt[2][2].outputs[0].stop_reason == "XYZ"
 

@@ -83,10 +83,10 @@ def test_outputs_shape():
 def test_logprobs_in_vllms_shape():
     """logprobs[i][token_id] -> Logprob; the top-k carry their rank and win over the sampled entry, as in vLLM."""
     c = CompletionOutput(0, "ab", [5, 6], [-0.5, -2.0], [{5: -0.5, 9: -1.0}, {9: -0.25, 4: -1.5}],
-                         decode=lambda ids: f"<{ids[0]}>")
+                         token_ranks=[1, 7], decode=lambda ids: f"<{ids[0]}>")
     lp = c.logprobs
     assert len(lp) == 2 and lp[0][5] == Logprob(-0.5, 1, "<5>") and lp[0][9].rank == 2
-    assert lp[1][6] == Logprob(-2.0, None, "<6>")  # sampled outside the top-k: its rank is not read back
+    assert lp[1][6] == Logprob(-2.0, 7, "<6>")  # sampled outside the top-k: its real rank, the sampler's count
     assert list(lp[1]) == [6, 9, 4] and lp[-1] == lp[1] and lp[:1] == [lp[0]]
     assert [step[t].logprob for step, t in zip(lp, c.token_ids)] == c.token_logprobs
     assert CompletionOutput(0, "", [1], None).logprobs is None

@@ -66,3 +66,28 @@ def test_loading_and_running_never_imports_transformers(folder):
             "assert 'transformers' not in sys.modules, 'transformers was imported'")
     result = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+EXPORT_TEXTS = ["Hello world", "  spaces\tand\nlines ", "ünï — 你好 🙂", "<|im_start|>user\nhi<|im_end|>", ""]
+
+
+@pytest.mark.parametrize("kind", ["hf", "gguf"])
+def test_export_loads_in_transformers_with_the_same_ids_text_and_template(tmp_path, kind):
+    """`samebits tokenizer export`'s folder, for an HF checkpoint and for a GGUF file (no tokenizer files of its own):
+    transformers' AutoTokenizer encodes, decodes and renders the chat template as the served tokenizer does."""
+    transformers = pytest.importorskip("transformers")
+    from samebits.models.loader import load_tokenizer
+    from samebits.models.testing import write_tiny_gguf
+
+    source = (write_tiny_checkpoint(tmp_path / "ckpt", "smollm2") if kind == "hf"
+              else write_tiny_gguf(tmp_path / "tiny.gguf", "smollm2"))
+    ours = load_tokenizer(source)
+    ours.save_pretrained(tmp_path / "export")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
+    for text in EXPORT_TEXTS:
+        ids = ours.encode(text)
+        assert theirs.encode(text) == ids, text
+        assert theirs.decode(ids) == ours.decode(ids, skip_special_tokens=False)
+    assert theirs.eos_token == ours.special_tokens["eos_token"]
+    assert (theirs.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+            == ours.apply_chat_template(MESSAGES, add_generation_prompt=True))

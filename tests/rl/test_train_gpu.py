@@ -2,7 +2,6 @@
 (fp32); in bf16 at lengths up to 1,000 tokens, the same bits run to run, whatever order a micro-batch lists its
 sequences in, and with checkpointed layers. Negative control: dQ accumulated through float atomics
 (attention_bwd_atomic_demo.py) changes bits from one run to the next, caught by the same run-to-run check."""
-import os
 import random
 
 import pytest
@@ -20,19 +19,6 @@ transformers = pytest.importorskip("transformers")
 
 SHAPE = {"hidden_size": 512, "intermediate_size": 1408, "vocab_size": 1024, "num_attention_heads": 8,
          "num_key_value_heads": 2, "max_position_embeddings": 2048}
-
-
-@pytest.fixture(autouse=True)
-def _openmp_variables():
-    """The GPU image's libraries set Intel OpenMP's KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK the first time a
-    transformers model runs on CUDA (seen on the H200): the environment is put back as it was."""
-    before = {name: os.environ.get(name) for name in ("KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK")}
-    yield
-    for name, value in before.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
 
 
 @pytest.mark.parametrize("case", sorted(VARIANTS))

@@ -123,6 +123,9 @@ NON_DEFAULT_FLAGS = {
     "timeout_header": ["--timeout-header", "1.5"], "timeout_body": ["--timeout-body", "2.5"],
     "max_connections": ["--max-connections", "13"], "engine_process": ["--engine-process"],
     "tool_call_parser": ["--tool-call-parser", "hermes"],
+    "gpu_memory_utilization": ["--gpu-memory-utilization", "0.5"], "enforce_eager": ["--enforce-eager"],
+    "chat_template": ["--chat-template", "{{ messages[0]['content'] }}"],
+    "disable_log_requests": ["--disable-log-requests"], "trust_remote_code": ["--trust-remote-code"],
     "data_parallel_backend": ["--data-parallel-backend", "ray"], "ray_address": ["--ray-address", "auto"],
 }
 # Fields whose non-default value the ones above exclude (several replicas need tensor_parallel_size=1): a second run.

@@ -41,7 +41,8 @@ def test_echo_with_logprobs_scores_the_prompt_then_the_completion(server, client
     assert lp.tokens[:n] == [server.engine.tokenizer.decode([t], skip_special_tokens=False) for t in PROMPT]
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     assert bits(lp.token_logprobs[1:]) == bits(scored(PROMPT + generated))
-    assert all(len(top) == 2 for top in lp.top_logprobs[1:])
+    # Each token is among its own alternatives, as OpenAI's and vLLM's: 2 others, or 1 when it is among the best 2.
+    assert all(len(top) in (2, 3) and tok in top for tok, top in zip(lp.tokens[1:], lp.top_logprobs[1:]))
     offsets = [0]
     for s in lp.tokens[:-1]:
         offsets.append(offsets[-1] + len(s))
@@ -56,6 +57,13 @@ def test_echo_with_max_tokens_0_scores_the_prompt_alone_bit_equal_to_decode(clie
     choice = r.choices[0]
     assert choice.model_extra["token_ids"] == [] and len(choice.logprobs.tokens) == len(PROMPT) + len(ids)
     assert bits(choice.logprobs.token_logprobs[len(PROMPT):]) == bits(gen.logprobs.token_logprobs)
+    # logprobs=0 gives each step's sampled token as its one alternative, as OpenAI's and vLLM's (not {}).
+    assert gen.logprobs.top_logprobs == [{t: v} for t, v in zip(gen.logprobs.tokens, gen.logprobs.token_logprobs)]
+    # No token is generated: usage counts none, streamed or not (the one drawn to score the prompt is not answered).
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(PROMPT) + len(ids), 0)
+    chunks = list(client.completions.create(model=MODEL_NAME, prompt=PROMPT + ids, max_tokens=0, echo=True,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.model_dump() == r.usage.model_dump()
 
 
 def test_streamed_echo_with_logprobs_equals_the_body(client):

@@ -130,8 +130,10 @@ def test_completion_logprobs_offsets_and_alternatives():
     got = completion_logprobs(tok, ids, [-1.0] * 5, [{}, {3: -2.0, 8: -0.5, 0: -1.0}, [], [(2, -1.0)], {}], 7)
     starts = [7 + sum(len(TOKEN_TEXTS[t]) for t in ids[:i]) for i in range(len(ids))]
     assert got["text_offset"] == starts and got["tokens"] == [TOKEN_TEXTS[t] for t in ids]
-    # ids 8 and 0 share the text "a": the dict keeps the place of the better (first, by -0.5) and the later value.
-    assert got["top_logprobs"] == [{}, {"a": -1.0, "\n\t\x01": -2.0}, {}, {"\\": -1.0}, {}]
+    # Each step's sampled token is among its alternatives (logprobs=0: it alone), as in OpenAI's and vLLM's. ids 8 and
+    # 0 share the text "a": the dict keeps the place of the better (first, by -0.5) and the later value.
+    assert got["top_logprobs"] == [{"你好": -1.0}, {"a": -1.0, "\n\t\x01": -2.0}, {"🙂": -1.0},
+                                   {"\\": -1.0, ' "q"': -1.0}, {"\\": -1.0}]
     assert list(got["top_logprobs"][1]) == ["a", "\n\t\x01"]
     assert completion_logprobs(tok, [], [], [], 3)["text_offset"] == []
 

@@ -11,22 +11,38 @@ import httpx
 from tests.subprocess_server import free_port, wait_healthy
 
 
-def test_serve_command_end_to_end(tiny_model_dir):
+def test_serve_command_end_to_end_with_vllms_flags(tiny_model_dir, tmp_path):
+    """The serve flags of 2026-12-04 that were "No such option": several served names (the first reported),
+    a chat template file, --trust-remote-code (accepted, said unneeded), --disable-log-requests (no access lines),
+    --gpu-memory-utilization (on the CPU, accepted)."""
+    from samebits.models.tokenizer import Tokenizer
+
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
     port = free_port()
-    cmd = [sys.executable, "-m", "samebits", "serve", "--model", str(tiny_model_dir), "--served-model-name", "tiny",
+    cmd = [sys.executable, "-m", "samebits", "serve", str(tiny_model_dir), "--served-model-name", "tiny", "other",
            "--port", str(port), "--device", "cpu", "--max-model-len", "128", "--api-key", "sk-test",
-           "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
+           "--log-level", "info", "--chat-template", str(template), "--trust-remote-code", "--disable-log-requests",
+           "--gpu-memory-utilization", "0.9"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ}, text=True)
     try:
-        url = f"http://127.0.0.1:{port}"
+        url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer sk-test"}
         wait_healthy(proc, url)
-        r = httpx.post(f"{url}/v1/completions", headers={"Authorization": "Bearer sk-test"}, timeout=60,
-                       json={"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0})
+        r = httpx.post(f"{url}/v1/completions", headers=auth, timeout=60,
+                       json={"model": "other", "prompt": "hello", "max_tokens": 3, "temperature": 0})
         assert r.status_code == 200 and r.headers["x-samebits-mode"] == "deterministic"
+        assert r.json()["model"] == "tiny"
         assert httpx.get(f"{url}/v1/models", timeout=5).status_code == 401
+        models = httpx.get(f"{url}/v1/models", headers=auth, timeout=5).json()["data"]
+        assert [m["id"] for m in models] == ["tiny", "other"]
+        chat = [{"role": "user", "content": "hi"}]
+        ids = httpx.post(f"{url}/tokenize", headers=auth, json={"messages": chat}, timeout=10).json()["tokens"]
+        assert ids == Tokenizer.from_hf_dir(tiny_model_dir).encode("[user] hi\n", add_special_tokens=False)
     finally:
         proc.terminate()
-        proc.wait(30)
+        out = proc.communicate(timeout=30)[0]
+    assert "--trust-remote-code is not needed" in out
+    assert "POST /v1/completions" not in out, out
 
 
 def test_serve_logs_one_startup_line_after_loading(tiny_model_dir):

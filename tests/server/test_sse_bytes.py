@@ -300,7 +300,8 @@ def test_every_message_equals_the_record(recorded):
     # It covers what it claims: every kind of event, split characters held back, an error event, a 400, stops.
     assert len(want) == len(_cases()) and len(bodies) > 150 and events > 150
     joined = "".join(m["body"] for m in bodies)
-    for piece in ('"top_logprobs":[{}', '"text_offset":[', '"delta":{"role":"assistant"', '"usage":{',
+    # logprobs=0's alternatives: the sampled token alone (responses.completion_logprobs_json's fast route).
+    for piece in ('"top_logprobs":[{"不":-7.351686000823975}]', '"text_offset":[', '"delta":{"role":"assistant"', '"usage":{',
                   '"error":{', "data: [DONE]", '"finish_reason":"stop"', "-9999.0", "\ufffd", "\\u0001",
                   '"prompt_logprobs":[null', "\U0001F642"):
         assert piece in joined, piece
