@@ -15,7 +15,7 @@ from samebits.engine.llm import LLM
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.model_runner import ModelRunner
 from samebits.engine.outputs import Resume
-from samebits.engine.sampler import SamplerOutput, top_k_logprobs
+from samebits.engine.sampler import SamplerOutput, token_ranks, top_k_logprobs
 from samebits.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from samebits.engine.spec_decode import drafters, speculator
 from samebits.models.testing import write_tiny_checkpoint
@@ -52,7 +52,7 @@ def prompts(n: int, seed: int, longest: int = 40) -> list[list[int]]:
 
 
 def bits(out) -> list[tuple]:
-    """Everything a sample reports, logprobs as their float32 bit patterns."""
+    """Everything a sample reports, logprobs as their float32 bit patterns, the sampled tokens' ranks too."""
     def f32(values):
         return None if values is None else torch.tensor(values, dtype=torch.float32).view(torch.int32).tolist()
 
@@ -61,8 +61,8 @@ def bits(out) -> list[tuple]:
 
     prompt = [(t, f32([lp.logprob])[0], lp.rank) for step in out.prompt_logprobs or () if step
               for t, lp in step.items()]
-    return [(tuple(c.token_ids), f32(c.token_logprobs), tops(c), c.text, c.finish_reason, c.stop_reason, prompt)
-            for c in out.outputs]
+    return [(tuple(c.token_ids), f32(c.token_logprobs), tops(c), c.text, c.finish_reason, c.stop_reason, prompt,
+             None if c.token_ranks is None else list(c.token_ranks)) for c in out.outputs]
 
 
 def run(llm, ps, params) -> list:
@@ -152,8 +152,9 @@ def ratio_draw(self, logits, batch, items) -> SamplerOutput:
                     tokens[r] = draft
         row += 1 + len(item.drafts)
     logprobs = self.sampler.ops.log_softmax(logits, dim=-1)
-    return SamplerOutput(tokens, logprobs.gather(1, tokens[:, None])[:, 0],
-                         *top_k_logprobs(logprobs, batch.num_top_logprobs))
+    picked = logprobs.gather(1, tokens[:, None])
+    return SamplerOutput(tokens, picked[:, 0], *top_k_logprobs(logprobs, batch.num_top_logprobs),
+                         token_ranks(logprobs, picked) if batch.ranks else None)
 
 
 def test_negative_control_standard_speculative_sampling_changes_the_bits(ckpt, plain, monkeypatch):
