@@ -344,7 +344,18 @@ SERVE_HELP = {
     "host": "Address to bind (loopback by default).",
     "mode": "deterministic or fast",
     "policy": "dynamic or bucketed (seed §6.1-6.2's shape buckets and fixed batch windows).",
-    "api_keys": "Accepted bearer key (repeat for several).",
+    "api_keys": "Accepted bearer key (repeat for several). Visible in `ps`: prefer --api-key-file or the "
+                "SAMEBITS_API_KEY environment variable, which are accepted too.",
+    "api_key_file": "File of accepted bearer keys, one a line (# comments and blank lines skipped).",
+    "long_prefill_token_threshold": "While others run or wait, one prefill takes at most this many tokens of a step "
+                                    "(default: half of --max-num-batched-tokens; 0: no cap).",
+    "max_num_partial_prefills": "Prefills that span steps at once; a prompt that would start another waits.",
+    "max_long_partial_prefills": "Of those, prompts longer than --long-prefill-token-threshold; a shorter prompt "
+                                 "behind a waiting long one starts first.",
+    "timeout_write": "Seconds a response may stay blocked on a client that reads nothing before it is cut and its "
+                     "request aborted.",
+    "max_engine_restarts": "Restarts of a dead engine process (same config and fingerprint); at the next death the "
+                           "server exits with status 1.",
     "served_model_name": "Model name clients send (default: --model).",
     "max_waiting": "Waiting sequences (prompts x n) before 429; a request of more is a 400.",
     "max_waiting_tokens": "Waiting tokens (prompt + max_tokens per sequence) before 429; a request of more is a 400.",
@@ -383,7 +394,7 @@ SERVE_FLAGS = [CONTEXT, positional("model_arg", "MODEL", "Model name or path (or
 @with_flags(SERVE_FLAGS)
 def serve(values: dict):
     """The OpenAI-compatible HTTP server (same request, same bits, with numerics headers)."""
-    from samebits.server.serve import ServeError
+    from samebits.server.serve import EngineLost, ServeError
     from samebits.server.serve import serve as run_server
 
     ctx, model = values.pop("ctx"), values.pop("model_arg")
@@ -393,6 +404,8 @@ def serve(values: dict):
         values["model"] = model
     try:
         run_server(ServerConfig.from_dict(values))
+    except EngineLost as e:  # the supervisor's give-up: status 1, for systemd or Kubernetes to restart the server
+        fail(str(e), code=1)
     except (ValueError, ServeError, OSError) as e:  # bad flags, no template, no model: one line, no traceback
         fail(str(e))
 

@@ -8,6 +8,7 @@ from json.encoder import encode_basestring
 
 from samebits.server.errors import clip, invalid, not_found
 from samebits.server.metrics import Metrics
+from samebits.server.supervisor import EngineSupervisor
 
 # max_prompt_chars' default per token of context: real text runs 3-5 characters a token, so only a prompt that could
 # never fit is refused before it is tokenized (tokenizing 4 MB costs seconds of CPU).
@@ -70,7 +71,10 @@ class ServerState:
         self.vocab_size = _vocab_size(engine)
         self.fingerprint = dict(engine.fingerprint())
         self.headers = numerics_headers(self.fingerprint)
+        self.api_keys = config.resolved_api_keys()
         self.metrics = Metrics(async_engine, config.model_name)
+        self.supervisor = EngineSupervisor(async_engine, config.max_engine_restarts)
+        self.metrics.watch(self.supervisor)
         self.created = int(time.time())
         self.max_prompt_chars = config.max_prompt_chars or PROMPT_CHARS_PER_TOKEN * self.max_model_len
         # Big request bodies are parsed one at a time under it (server/requests.py BIG_BODY_BYTES).

@@ -12,14 +12,17 @@ from tests.subprocess_server import free_port, wait_healthy
 
 
 def test_serve_command_end_to_end(tiny_model_dir):
+    """The key comes from SAMEBITS_API_KEY: the server's argv never holds it."""
     port = free_port()
     cmd = [sys.executable, "-m", "samebits", "serve", "--model", str(tiny_model_dir), "--served-model-name", "tiny",
-           "--port", str(port), "--device", "cpu", "--max-model-len", "128", "--api-key", "sk-test",
-           "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
+           "--port", str(port), "--device", "cpu", "--max-model-len", "128", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "SAMEBITS_API_KEY": "sk-test"})
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(proc, url)
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            assert b"sk-test" not in f.read()
         r = httpx.post(f"{url}/v1/completions", headers={"Authorization": "Bearer sk-test"}, timeout=60,
                        json={"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0})
         assert r.status_code == 200 and r.headers["x-samebits-mode"] == "deterministic"
