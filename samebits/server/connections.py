@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -114,6 +115,18 @@ def guarded_protocol(limits: ConnectionLimits) -> type:
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._follow()
+
+        def send_400_response(self, msg: str) -> None:
+            """h11's refusal of what it cannot parse (a malformed request, a header block past its incomplete-event
+            limit), in the API's JSON instead of uvicorn's text/plain."""
+            body = json.dumps(APIError(400, f"{msg.rstrip('.')}: malformed, or its header block too large.",
+                                       code="invalid_http").body()).encode()
+            headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+                       (b"x-request-id", uuid.uuid4().hex.encode())]
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                          h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
 
         def pause_writing(self) -> None:
             super().pause_writing()

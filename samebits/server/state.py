@@ -40,17 +40,29 @@ def numerics_headers(fp: dict) -> dict[str, str]:
 
 
 def text_chars(req) -> tuple[int, str]:
-    """(characters of text the request would tokenize, the field holding it): its string prompts or its messages."""
+    """(characters of text the request would tokenize, the field holding it): its string prompts, or its messages
+    with the strings of chat_template_kwargs, which a template may render into the prompt."""
     prompt = getattr(req, "prompt", None)
     if prompt is not None:
         items = [prompt] if isinstance(prompt, str) else prompt
         return sum(len(p) for p in items if isinstance(p, str)), "prompt"
-    total = 0
+    total = _string_chars(req.chat_template_kwargs)
     for m in req.messages:
         content = m.content if isinstance(m.content, list) else [m.content]
         total += sum(len(part if isinstance(part, str) else part.text or "") for part in content if part is not None)
         total += len(m.name or "")
     return total, "messages"
+
+
+def _string_chars(value) -> int:
+    """Characters of every string (keys included) in a JSON value."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(k) + _string_chars(v) for k, v in value.items())
+    if isinstance(value, list):
+        return sum(_string_chars(v) for v in value)
+    return 0
 
 
 def _vocab_size(engine) -> int:

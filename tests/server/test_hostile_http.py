@@ -4,6 +4,7 @@ refused, every error OpenAI JSON with the request id, and gauges follow an abort
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -138,6 +139,21 @@ def test_logit_bias_keys_must_be_plain_decimal_token_ids(open_server, key):
             assert r.status_code == 200, (plain, r.text)
         r = http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "logit_bias": {"512": 1.0}})
         assert r.status_code == 400 and "outside the vocabulary [0, 512)" in r.json()["error"]["message"]
+
+
+def test_a_header_block_past_h11s_limit_is_refused_in_json(open_server):
+    """Headers over --max-header-bytes get the app's JSON 431; a block still incomplete past twice that is refused
+    by the protocol before any app runs, and that 400 is OpenAI JSON with a request id too."""
+    url = urlparse(open_server.url)
+    limit = 2 * open_server.config.max_header_bytes
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * limit)  # no end of headers yet
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head.lower()
+    assert b"x-request-id: " in head.lower() and json.loads(body)["error"]["code"] == "invalid_http"
 
 
 def test_an_unexpected_error_on_any_route_is_openai_json_with_the_request_id(open_server, monkeypatch):
