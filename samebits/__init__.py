@@ -12,7 +12,7 @@ def __getattr__(name):
         from samebits.kernels.dropin import batch_invariant
 
         return batch_invariant
-    if name in ("LLM", "SamplingParams"):
+    if name in ("LLM", "SamplingParams", "StructuredOutputsParams"):
         from samebits import engine
 
         return getattr(engine, name)

@@ -22,3 +22,16 @@ def normalize_dtype(dtype) -> str | None:
     if name not in DTYPE_ALIASES:
         raise ValueError(f"dtype must be None, {AUTO!r} or one of {sorted(set(DTYPE_ALIASES.values()))}, got {dtype!r}")
     return DTYPE_ALIASES[name]
+
+
+# `--quantization` (vLLM's flag): "fp8" quantises a dense checkpoint at load, per output row weight scales and
+# per-token activation scales; "fp8_per_tensor" is vLLM's online fp8 recipe, per-tensor weight and dynamic activation
+# scales, which deterministic mode refuses (models/quantization.py says what each does to an FP8 checkpoint).
+QUANTIZATIONS = ("fp8", "fp8_per_tensor")
+
+
+def check_quantization(value) -> str | None:
+    """-> value (None: the checkpoint's own), or ValueError naming the field and the choices."""
+    if value is not None and value not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be None or one of {QUANTIZATIONS}, got {value!r}")
+    return value

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU proof in one call (device machine: image python, samebits and carried wheels by scripts/device_env.sh).
-# Usage: bash scripts/gpu_proof.sh [tests|tests-kernels|tests-others|tests-ids|probe|kernels|attention|pages|repro-2g|variants|variants-prefill|gemm-decode|mma-roles|e2e|server|server-process|steps|steps-tile|steps-norm|steps-gluon|gluon-decode|mixed|rl|tp1 ...];
+# Usage: bash scripts/gpu_proof.sh [tests|tests-kernels|tests-others|tests-ids|probe|kernels|attention|pages|repro-2g|variants|variants-prefill|gemm-decode|mma-roles|e2e|server|server-process|steps|steps-tile|steps-norm|steps-gluon|gluon-decode|mixed|rl|tp1|
+#   tests-fp8-kernels|tests-fp8-models|fp8|fp8-sweep|e2e-fp8|steps-fp8|moe-tests|e2e-qwen3moe|e2e-mixtral ...];
 # results under $OUT. With no step named it runs tests probe kernels attention e2e (~25 min): name the steps.
 # tests-kernels and tests-others are the two halves of tests, each under one call's 10 minutes with a cold Triton cache.
 # tests-ids runs the GPU tests named in scripts/_gpu_test_ids.txt (untracked, it travels: a run's tail after a time limit).
@@ -48,6 +49,10 @@ for step in $steps; do
       | tee "$OUT/gpu_tests_kernels.log" | tail -40 ;;
     tests-others) make test-gpu PYTEST_ARGS="-p no:cacheprovider --durations=20 --ignore=tests/kernels" 2>&1 \
       | tee "$OUT/gpu_tests_others.log" | tail -40 ;;
+    tests-fp8-kernels) python3 -m pytest -q -p no:cacheprovider -m gpu --durations=20 tests/kernels/test_vendor_fp8.py \
+      tests/kernels/triton/test_fp8_gpu.py 2>&1 | tee "$OUT/gpu_tests_fp8_kernels.log" | tail -40 ;;
+    tests-fp8-models) python3 -m pytest -q -p no:cacheprovider -m gpu --durations=20 tests/models/test_fp8.py \
+      tests/engine/test_fp8_invariance.py 2>&1 | tee "$OUT/gpu_tests_fp8_models.log" | tail -40 ;;
     tests-ids) python3 -m pytest -q -p no:cacheprovider --durations=10 $(cat scripts/_gpu_test_ids.txt) 2>&1 \
       | tee "$OUT/gpu_tests_ids.log" | tail -40 ;;
     probe) python3 -m samebits probe --device cuda --full --json "$OUT/probe.h200.json" --plot "$OUT/probe.h200.png" ;;
@@ -61,7 +66,18 @@ for step in $steps; do
     gemm-decode) python3 scripts/gemm_decode_probe.py "$OUT" --m "${GEMM_M:-1,8}" ;;
     mma-roles) python3 scripts/mma_roles_probe.py "$OUT" ;;
     e2e) python3 -m samebits.benchmarks.e2e --out "$OUT" --warm ${E2E_ARGS:-} ;;
+    e2e-fp8) python3 -m samebits.benchmarks.e2e --out "$OUT" --warm --skip-hf --modes deterministic/dynamic,fast/dynamic \
+      --quantization none,fp8 ;;
+    fp8) python3 -m samebits.benchmarks.fp8 --out "$OUT" ;;
+    fp8-sweep) python3 -m samebits.benchmarks.fp8 --out "$OUT/sweep" --quick --sweep ;;
+    steps-fp8) python3 -m samebits.benchmarks.steps --out "$OUT" --batches 1,64,256 --quantization fp8 ;;
     e2e-quick) python3 -m samebits.benchmarks.e2e --out "$OUT" --quick --requests 64 --skip-hf ;;
+    moe-tests) python3 -m pytest -q -p no:cacheprovider -p no:randomly --durations=20 tests/kernels/triton/test_moe_gpu.py \
+      tests/kernels/triton/test_moe.py tests/engine/test_moe.py 2>&1 | tee "$OUT/gpu_tests_moe.log" | tail -40 ;;
+    e2e-qwen3moe) python3 -m samebits.benchmarks.e2e --out "$OUT/qwen3moe" --shape qwen3-30b-a3b --quick --requests 64 \
+      --modes fast/dynamic,deterministic/dynamic ${E2E_ARGS:-} ;;
+    e2e-mixtral) python3 -m samebits.benchmarks.e2e --out "$OUT/mixtral" --shape mixtral-8x7b --quick --requests 64 \
+      --modes fast/dynamic,deterministic/dynamic ${E2E_ARGS:-} ;;
     server) python3 -m samebits.benchmarks.server --random-shape 8b --solo-budget-s 60 --out "$OUT" ;;
     server-process) python3 -m samebits.benchmarks.server --random-shape 8b --solo-budget-s 30 --engine-process --skip-offline \
       --out "$OUT/process" ;;

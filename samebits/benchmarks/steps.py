@@ -120,17 +120,22 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--device", default="cuda", help="cpu only for a smoke run with --shape tiny")
+    ap.add_argument("--quantization", default=None, choices=("fp8", "fp8_per_tensor"),
+                    help="the model's linears in FP8, as --quantization does at load (models/quantization.py)")
     args = ap.parse_args()
     e2e.DEVICE = args.device
     args.out.mkdir(parents=True, exist_ok=True)
-    loaded = random_shape_model(args.shape, args.device)
+    loaded = random_shape_model(args.shape, args.device, args.quantization)
     batches = [int(b) for b in args.batches.split(",")]
     # Async scheduling off and on, and graph grids tight and full, side by side: what each buys, in one run.
     runs = [("deterministic", False, "tight"), ("deterministic", True, "tight"), ("deterministic", True, "full"),
             ("fast", True, "tight")]
+    if args.quantization == "fp8_per_tensor":  # refused in deterministic mode
+        runs = [run for run in runs if run[0] == "fast"]
     rows = [r for mode, overlap, grid in runs
             for r in measure(loaded, mode, overlap, grid, batches, args.prompt_len, args.steps)]
-    (args.out / "steps.json").write_text(json.dumps({"shape": args.shape, "rows": rows}, indent=2))
+    (args.out / "steps.json").write_text(json.dumps({"shape": args.shape, "quantization": args.quantization,
+                                                     "rows": rows}, indent=2))
     print_table(rows)
     plot(rows, args.out / "steps.png")
 

@@ -152,25 +152,27 @@ def fingerprint_cmd(
                                                 "is then `serve`'s system_fingerprint for it at one rank."),
     device: str | None = typer.Option(None, help="With --model: cpu or cuda (default: cuda where available)."),
     dtype: str | None = typer.Option(None, help="With --model: the weights' dtype (default: the device's)."),
+    quantization: str | None = typer.Option(None, help="With --model: serve's --quantization (fp8, fp8_per_tensor)."),
 ):
     """Every version and setting that can change output bits, and their hash."""
     from samebits.runtime import fingerprint
 
     _check_mode(mode)
     with _runtime_for(mode):
-        fp = fingerprint(mode, None, _model_fields(model, mode, device, dtype))
+        fp = fingerprint(mode, None, _model_fields(model, mode, device, dtype, quantization))
     _print_json_or_table(fp, "samebits fingerprint", as_json)
 
 
-def _model_fields(model: str | None, mode: str, device: str | None, dtype: str | None) -> dict | None:
+def _model_fields(model: str | None, mode: str, device: str | None, dtype: str | None,
+                  quantization: str | None = None) -> dict | None:
     if model is None:
-        if device is not None or dtype is not None:
-            fail("--device and --dtype need --model")
+        if device is not None or dtype is not None or quantization is not None:
+            fail("--device, --dtype and --quantization need --model")
         return None
     from samebits.models import load_model
 
     try:
-        return load_model(model, mode, device, dtype).numerics()
+        return load_model(model, mode, device, dtype, quantization=quantization).numerics()
     except (OSError, ValueError) as e:
         fail(str(e))
 
@@ -324,6 +326,7 @@ BENCH_HELP = {
     "seed": "Seed of the workload and of each request's sampling.",
     "max_num_batched_tokens": "Token budget of one engine step (vLLM's flag); longer prompts are prefilled in chunks.",
     "warm": "Run the whole workload once untimed first (compiles and graph captures behind it), then time it.",
+    "quantization": "The model's linears in FP8, as serve's --quantization (fp8, fp8_per_tensor; docs/FP8.md).",
 }
 BENCH_FLAGS = field_flags(BenchConfig(), BENCH_HELP) + [
     flag("json_path", None, Path | None, "Write the full report as JSON.")]
@@ -365,6 +368,8 @@ SERVE_HELP = {
     "allow_special_tokens": "Let completion prompts spell special tokens (<|im_end|>...); chat content never can.",
     "engine_process": "Run the engine in its own process, so HTTP work never takes the step's GIL (tensor_parallel_size "
                       "1; default: on for CUDA at tensor_parallel_size 1, the engine thread otherwise).",
+    "tool_call_parser": "How the model writes tool calls: hermes (Qwen, Hermes, ChatML), llama3_json, or auto "
+                        "(read off the chat template).",
     "timeout_header": "Seconds a connection has to send a request's headers.",
     "timeout_body": "Seconds a request has to send its body once its headers are in.",
     "max_connections": "Open connections; more are answered 503 and closed.",
@@ -383,6 +388,9 @@ SERVE_HELP = {
     "ray_address": "A running Ray cluster to join (`ray start --head`'s address); default: a local one.",
     "all_reduce": "Row-parallel sum across ranks: ordered (fixed order), native (NCCL's/gloo's own), or invariant "
                   "(TP-invariant mode: the same bits at every tensor-parallel size; docs/TP.md).",
+    "quantization": "fp8: FP8 weights and per-token activations (a dense checkpoint quantised at load); "
+                    "fp8_per_tensor: vLLM's per-tensor dynamic recipe, fast mode only. Default: the checkpoint's own "
+                    "(an FP8 checkpoint loads as FP8; docs/FP8.md).",
 }
 # One flag per field: the engine's fields first, then the server's own, each defaulting to the server's default.
 # MODEL may also come first, positionally, as in `vllm serve MODEL`.

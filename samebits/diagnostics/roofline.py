@@ -1,9 +1,13 @@
 """The time a generation workload cannot beat on a GPU: its FLOPs at the matrix peak and its bytes at HBM speed.
 
-An idealised schedule of a dense Llama-family model: every prompt is prefilled compute-bound (matrix FLOPs plus
-causal attention), then all requests decode together, up to `max_num_seqs` at a time, oldest first. A decode step
-costs the larger of its FLOPs at `peak_flops` and its bytes at `peak_bytes` (the weights read once, plus the KV of
-every running sequence). Achieved time / this bound is the share of the GPU a benchmark gets. Torch-free arithmetic.
+An idealised schedule of a Llama-family model: every prompt is prefilled compute-bound (matrix FLOPs plus causal
+attention), then all requests decode together, up to `max_num_seqs` at a time, oldest first. A decode step costs the
+larger of its FLOPs at `peak_flops` and its bytes at `peak_bytes` (the weights read once, plus the KV of every running
+sequence). Achieved time / this bound is the share of the GPU a benchmark gets. Torch-free arithmetic.
+
+A mixture of experts counts what a token touches: FLOPs of its active parameters (attention, router, shared expert
+and its k experts), and per decode step the bytes of the experts that step's rows route to, E * (1 - (1 - k/E)^rows)
+of a sparse layer's E on average under uniform routing (what random-weight models show), never all of them.
 """
 from __future__ import annotations
 
@@ -17,15 +21,53 @@ H200_PEAK_FLOPS = 790e12
 H200_PEAK_BYTES = 4.3e12
 
 
-def layer_params(m: ModelConfig) -> int:
+def _attention_params(m: ModelConfig) -> int:
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    attn = m.hidden_size * (q + 2 * kv) + q * m.hidden_size
-    return m.num_layers * (attn + 3 * m.hidden_size * m.intermediate_size)
+    return m.hidden_size * (q + 2 * kv) + q * m.hidden_size
 
 
-def weight_bytes(m: ModelConfig, dtype_bytes: int) -> int:
-    """What one step must read: the layers and the lm_head (the embedding is gathered, a few rows per token)."""
-    return (layer_params(m) + m.vocab_size * m.hidden_size) * dtype_bytes
+def _sparse_layers(m: ModelConfig) -> int:
+    return 0 if m.moe is None else sum(m.moe.is_sparse(i) for i in range(m.num_layers))
+
+
+def expert_params(m: ModelConfig) -> int:
+    """One routed expert's gate, up and down."""
+    return 3 * m.hidden_size * m.moe.intermediate_size
+
+
+def _always_read(m: ModelConfig) -> int:
+    """Every layer's parameters but the routed experts: attention, dense MLPs, routers, shared experts."""
+    sparse = _sparse_layers(m)
+    total = m.num_layers * _attention_params(m) + (m.num_layers - sparse) * 3 * m.hidden_size * m.intermediate_size
+    if sparse:
+        shared = m.moe.shared_expert_intermediate_size
+        total += sparse * (m.moe.num_experts * m.hidden_size + (3 * shared + 1) * m.hidden_size * (shared > 0))
+    return total
+
+
+def layer_params(m: ModelConfig) -> int:
+    """Every layer's parameters (all experts of a mixture)."""
+    return _always_read(m) + _sparse_layers(m) * (m.moe.num_experts * expert_params(m) if m.moe else 0)
+
+
+def active_params(m: ModelConfig) -> int:
+    """The layer parameters one token computes with: a mixture's k experts of each sparse layer, not all E."""
+    return _always_read(m) + _sparse_layers(m) * (m.moe.top_k * expert_params(m) if m.moe else 0)
+
+
+def touched_experts(m: ModelConfig, rows: int) -> float:
+    """The experts a step of `rows` tokens reads in one sparse layer, on average under uniform routing (each token
+    picks k distinct of E): E * (1 - (1 - k/E)^rows)."""
+    e, k = m.moe.num_experts, m.moe.top_k
+    return e * (1.0 - (1.0 - k / e) ** rows)
+
+
+def weight_bytes(m: ModelConfig, dtype_bytes: int, rows: int | None = None) -> float:
+    """What one step of `rows` tokens must read: the layers (a mixture's touched experts; None: all of them) and the
+    lm_head (the embedding is gathered, a few rows per token)."""
+    layers = layer_params(m) if m.moe is None or rows is None else \
+        _always_read(m) + _sparse_layers(m) * touched_experts(m, rows) * expert_params(m)
+    return (layers + m.vocab_size * m.hidden_size) * dtype_bytes
 
 
 def kv_bytes_per_token(m: ModelConfig, dtype_bytes: int) -> int:
@@ -52,7 +94,7 @@ def prefill_seconds(m: ModelConfig, prompt_lens: list[int], peak_flops: float) -
     flops = 0.0
     for n in prompt_lens:
         # every row through the layers, the last row through the lm_head; causal: row i sees i + 1 keys
-        flops += 2.0 * layer_params(m) * n + 2.0 * m.vocab_size * m.hidden_size
+        flops += 2.0 * active_params(m) * n + 2.0 * m.vocab_size * m.hidden_size
         flops += attention_flops(m, n, (n + 1) / 2)
     return flops / peak_flops
 
@@ -69,8 +111,8 @@ def decode_seconds(m: ModelConfig, dtype_bytes: int, prompt_lens: list[int], out
             running.append([p + 1, left])
         rows = len(running)
         context = sum(r[0] for r in running)
-        flops = rows * 2.0 * (layer_params(m) + m.vocab_size * m.hidden_size) + attention_flops(m, 1, context)
-        nbytes = weight_bytes(m, dtype_bytes) + kv_bytes_per_token(m, dtype_bytes) * context
+        flops = rows * 2.0 * (active_params(m) + m.vocab_size * m.hidden_size) + attention_flops(m, 1, context)
+        nbytes = weight_bytes(m, dtype_bytes, rows) + kv_bytes_per_token(m, dtype_bytes) * context
         seconds += max(flops / peak_flops, nbytes / peak_bytes)
         steps += 1
         for r in running:

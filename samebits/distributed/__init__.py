@@ -16,7 +16,11 @@ def runner_for(config, loaded):
 def one_rank(config, loaded):
     """`loaded` as the engine runs it. TP-invariant mode at TP=1 runs the one rank's sharded model (TP_MAX pieces, the
     fixed merge tree) in the one-GPU ModelRunner, with its CUDA graphs and async scheduling, where the tensor-parallel
-    runner runs eagerly: the same bits as every TP size. The full model is dropped here, not kept beside its shard."""
+    runner runs eagerly: the same bits as every TP size. The full model is dropped here, not kept beside its shard.
+    FP8 models are not sharded (docs/FP8.md): refused here at any TP size but 1 and in TP-invariant mode."""
+    if loaded.model.recipe is not None and (config.tensor_parallel_size > 1 or config.tp_invariant):
+        raise ValueError(f"an FP8 model runs at tensor_parallel_size=1 with all_reduce other than 'invariant' (got "
+                         f"{config.tensor_parallel_size}, {config.all_reduce!r}): its linears are not sharded")
     if not config.tp_invariant or config.tensor_parallel_size > 1:
         return loaded
     import torch

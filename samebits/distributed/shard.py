@@ -38,8 +38,15 @@ class Shard:
 
 
 def check_divisible(config, shard: Shard) -> None:
-    """Refuse a model whose heads or intermediate units do not split evenly, naming the numbers."""
+    """Refuse a model whose heads or intermediate units do not split evenly, naming the numbers; and a mixture of
+    experts, whose experts are never split across ranks (no tensor- or expert-parallel MoE)."""
     n = shard.splits
+    if config.moe is not None:
+        mode = "TP-invariant mode (all_reduce='invariant')" if shard.invariant else \
+            f"tensor_parallel_size={shard.world}"
+        raise ValueError(f"{mode}: a mixture-of-experts model ({config.architecture}, num_experts="
+                         f"{config.moe.num_experts}) runs at tensor_parallel_size=1 only; tensor- and expert-parallel "
+                         "MoE are not implemented")
     for name in ("num_heads", "num_kv_heads", "intermediate_size"):
         value = getattr(config, name)
         if value % n:

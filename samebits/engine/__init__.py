@@ -6,6 +6,7 @@ _LAZY = {
     "LLMEngine": "samebits.engine.llm_engine",
     "AsyncEngine": "samebits.engine.async_engine",
     "SamplingParams": "samebits.engine.sampling_params",
+    "StructuredOutputsParams": "samebits.structured.params",
     "RequestOutput": "samebits.engine.outputs",
     "CompletionOutput": "samebits.engine.outputs",
     "EngineConfig": "samebits.engine.config",

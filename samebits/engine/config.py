@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from samebits.dtypes import normalize_dtype
+from samebits.dtypes import check_quantization, normalize_dtype
 from samebits.modes import TP_SIZES, check_mode
 
 POLICIES = ("dynamic", "bucketed")
@@ -71,6 +71,7 @@ class EngineConfig:
     data_parallel_size: int = 1
     data_parallel_backend: str | None = None  # None: "ray" when data_parallel_size > 1
     ray_address: str | None = None  # a running cluster (`ray start --head`) to join; None: a local one
+    quantization: str | None = None  # samebits.dtypes QUANTIZATIONS; None: the checkpoint's own (dense or FP8)
 
     def __post_init__(self) -> None:
         # Normalised in place so equal configs compare (and fingerprint) equal whatever spelling was used.
@@ -83,6 +84,7 @@ class EngineConfig:
     def _check_choices(self) -> None:
         _require(isinstance(self.model, str) and self.model != "", f"model must be a non-empty str, got {self.model!r}")
         check_mode(self.mode)
+        check_quantization(self.quantization)
         _require(self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}")
         _require(self.tensor_parallel_size in TP_SIZES and _is_int(self.tensor_parallel_size),
                  f"tensor_parallel_size must be one of {TP_SIZES}, got {self.tensor_parallel_size!r}")

@@ -50,8 +50,10 @@ class LLM:
         {"prompt_token_ids": [...]}, or a list of those."""
         items = normalize_prompts(prompts, self.tokenizer.encode)
         params = self._params_per_prompt(sampling_params, len(items))
-        for p in params:  # before any request is queued, so a bad one loses nothing
+        for p in {id(p): p for p in params}.values():  # before any request is queued, so a bad one loses nothing
             check_vocab(p, self.engine.loaded.config.vocab_size)
+            if p.structured_outputs is not None:
+                self.engine.grammars.compile(p.structured_outputs)
         with self._runtime():
             ids = [self._add(t, p, text) for (text, t), p in zip(items, params)]
             outs = self._run(ids, use_tqdm)
@@ -60,11 +62,13 @@ class LLM:
         return outs
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
-        """One conversation or a list of them; content may be OpenAI content parts. The options are vLLM's."""
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
+             tools: list[dict] | None = None) -> list[RequestOutput]:
+        """One conversation or a list of them; content may be OpenAI content parts, assistant tool calls and tool
+        results. The options are vLLM's; `tools` (OpenAI function tools) reach the chat template."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [render_chat(self.tokenizer, c, add_generation_prompt, continue_final_message, chat_template_kwargs)
-                   for c in conversations]
+        prompts = [render_chat(self.tokenizer, c, add_generation_prompt, continue_final_message, chat_template_kwargs,
+                               tools) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def teacher_forced_logprobs(self, prompt_token_ids, completion_token_ids) -> list[float] | list[list[float]]:

@@ -17,13 +17,15 @@ from samebits.engine.outputs import EngineInfo, EngineStats, RequestOutput, Resu
 from samebits.engine.sampling_params import SamplingParams, check_prompt
 from samebits.engine.scheduler import ScheduledSeq, Scheduler
 from samebits.engine.seeds import SeedStream
+from samebits.structured.grammar import Grammars
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded=None):
         from samebits.models import load_model
 
-        self.loaded = one_rank(config, loaded or load_model(config.model, config.mode, config.device, config.dtype))
+        self.loaded = one_rank(config, loaded or load_model(config.model, config.mode, config.device, config.dtype,
+                                                            quantization=config.quantization))
         self.config = config = config.on_device(self.loaded.model.device.type)
         self.tokenizer = self.loaded.tokenizer
         self.model_name = self.loaded.name
@@ -39,6 +41,7 @@ class LLMEngine:
         self.processor = OutputProcessor(self.tokenizer, self.tokenizer.eos_token_ids, self.max_model_len,
                                          lambda: self.fingerprint()["hash"])
         self._seeds = SeedStream(config.seed)
+        self.grammars = Grammars(self.tokenizer, self.loaded.config.vocab_size)
         self._fingerprint: dict | None = None
         self.prompt_tokens = 0
 
@@ -76,9 +79,13 @@ class LLMEngine:
         prompt_token_ids = list(prompt_token_ids)
         self.validate(prompt_token_ids, params)
         seed = params.seed if params.seed is not None else self.draw_seed()
+        so = params.structured_outputs
+        matchers = self.grammars.matchers(so, params.n) if so is not None else ()  # compiled before it is queued
         if resume is not None:
             resume.check(params, seed)
         seqs = self.scheduler.add_request(request_id, prompt_token_ids, params, seed)
+        for seq, matcher in zip(seqs, matchers):
+            seq.grammar = matcher
         for finish in self.processor.add_request(request_id, prompt, prompt_token_ids, seed, seqs, resume):
             self.scheduler.finish(finish)
         self.prompt_tokens += len(prompt_token_ids) * len(seqs)
@@ -105,6 +112,8 @@ class LLMEngine:
             self._inflight = self._launch(previous)
         if previous is not None:
             self._finish_step(previous)
+        if self._inflight is not None:  # sampled now if a grammar's masks waited for `previous` (DeferredStep)
+            self._inflight = (self._inflight[0], self._inflight[1].complete())
         if self._inflight is not None and not self.scheduler.has_unfinished():
             self.drain()  # the step launched ahead holds only finished sequences: settle it, leave nothing in flight
         return self.processor.outputs()
@@ -122,7 +131,7 @@ class LLMEngine:
         return out, self.runner.execute(out, previous[1] if previous is not None else None)
 
     def _finish_step(self, launched) -> None:
-        out, sampled = launched
+        out, sampled = launched[0], launched[1].complete()
         finished = self.processor.process(out, sampled.to_host(), sampled.prompt_to_host())
         self.scheduler.apply(out, finished)
 

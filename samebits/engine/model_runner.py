@@ -42,6 +42,9 @@ class SampledStep:
         if self._ready is not None:
             self._ready.synchronize()
 
+    def complete(self) -> SampledStep:
+        return self
+
     def to_host(self) -> dict[int, StepResult]:
         """StepResult per sampled sequence, by seq_id; top-logprobs cut to each sequence's own count."""
         if self._host is None:
@@ -61,6 +64,18 @@ class SampledStep:
             return {}
         self._wait()
         return PromptScores.results(*self._prompt)
+
+
+class DeferredStep:
+    """A step launched whose sampling waits for the previous step's read-back: a grammar row's mask needs the token
+    that step drew (structured/masks.py). The engine completes it after that read-back, while the GPU runs its
+    forward pass; a step is completed before the next one is launched or read back."""
+
+    def __init__(self, sample):
+        self._sample = sample
+
+    def complete(self) -> SampledStep:
+        return self._sample()
 
 
 def _copy_to_host(t: torch.Tensor) -> torch.Tensor:
@@ -119,14 +134,17 @@ def prove_routes(model) -> None:
         return
     weights = model.gemm_weights()
     if model.device.type == "cuda":
+        from samebits.kernels import vendor_fp8
         from samebits.kernels.vendor_gemm import prove_weights
 
         prove_weights(weights)
+        vendor_fp8.prove_weights(weights)
         torch.cuda.empty_cache()
     else:
-        from samebits.kernels.cpu import attention, gemm
+        from samebits.kernels.cpu import attention, fp8, gemm
 
         gemm.prove_weights(weights)
+        fp8.prove_weights(weights)
         attention.prove(model.config.head_dim)
 
 
@@ -202,8 +220,10 @@ class ModelRunner:
             return SampledStep([], None, prompt)
         rows = to_device([end - 1 for s, end in zip(scheduled, ends) if s.sample], torch.int64, self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))
-        return SampledStep([s.seq for s in items], self.sampler(logits, sampling_batch(items, self.eos_token_ids)),
-                           prompt)
+        seqs, batch = [s.seq for s in items], sampling_batch(items, self.eos_token_ids)
+        if batch.grammar is not None and not batch.grammar.ready():
+            return DeferredStep(lambda: SampledStep(seqs, self.sampler(logits, batch), prompt))
+        return SampledStep(seqs, self.sampler(logits, batch), prompt)
 
     def _prompt_scores(self, hidden: torch.Tensor, plan: PromptRowsPlan | None) -> PromptScores | None:
         """The prompt-logprob rows' scores, apart from the sampled rows so theirs run exactly as without them."""

@@ -131,6 +131,10 @@ class OutputProcessor:
         if sample.text != sent.text:
             raise ValueError(f"resume: sample {seq.sample_index}'s tokens decode to {sample.text[-40:]!r}, the sent "
                              f"text ends {sent.text[-40:]!r}")
+        # The sample's grammar takes the sent tokens as it took them when they were drawn; an unfinished sample's
+        # grammar cannot have ended (that token would have finished it).
+        if seq.grammar is not None and seq.grammar.advance(seq) is not None:
+            raise ValueError(f"resume: sample {seq.sample_index}'s sent tokens end its grammar, yet it did not finish")
         return None
 
     def forget(self, request_id: str) -> None:
@@ -172,6 +176,10 @@ class OutputProcessor:
         # Like vLLM, the eos that ends a sample is not text unless the client asks for its stop in the output.
         hide_eos = finish is not None and finish.reason == "stop" and finish.stop_reason is None \
             and not seq.params.include_stop_str_in_output
+        if seq.grammar is not None:  # a complete grammar ends the sample even at max_tokens (structured/grammar.py)
+            end = seq.grammar.advance(seq)
+            if end is not None and (finish is None or finish.reason == "length"):
+                finish = Finish(seq, end)
         grown = self._detokenize(seq, sample, flush=finish is not None, hide_last=hide_eos)
         stops = seq.params.stop_strings
         # vLLM: no stop string ends a sample before min_tokens (the sampler masks eos and stop ids until then).

@@ -3,14 +3,17 @@ OpenAI content parts, the chat template's options. `LLM` and the server both com
 Every ValueError begins with the field it blames (the server's 400 names it)."""
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
+
+from samebits.models.tool_parsers import parser_for
 
 # A private-use character: in the rendered chat, MARK<i>MARK stands where user text spelled a special token.
 MARK = "\ue000"
 _MARKED = re.compile(f"{MARK}([0-9]+){MARK}")
 
-# The template context's own names: chat_template_kwargs may not replace them (tools stay refused, not smuggled in).
+# The template context's own names: chat_template_kwargs may not replace them (tools come through the tools field).
 RESERVED_TEMPLATE_KWARGS = ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents")
 
 
@@ -53,9 +56,50 @@ def message_text(content, i: int) -> str:
 
 
 def chat_messages(messages: list[dict]) -> list[dict]:
-    """Messages as the chat template expects them: content as text."""
-    return [{"role": m["role"], "content": message_text(m.get("content"), i),
-             **({"name": m["name"]} if m.get("name") else {})} for i, m in enumerate(messages)]
+    """Messages as the chat template expects them: content as text; an assistant's tool calls with their arguments
+    as objects (what HF templates index, as vLLM hands them), a tool result's tool_call_id."""
+    out = []
+    for i, m in enumerate(messages):
+        msg = {"role": m["role"], "content": message_text(m.get("content"), i)}
+        if m.get("name"):
+            msg["name"] = m["name"]
+        if m.get("tool_calls"):
+            msg["tool_calls"] = [_template_call(c, i) for c in m["tool_calls"]]
+        if m.get("tool_call_id"):
+            msg["tool_call_id"] = m["tool_call_id"]
+        out.append(msg)
+    return out
+
+
+def _template_call(call: dict, i: int) -> dict:
+    fn = call.get("function") or {}
+    arguments = fn.get("arguments")
+    try:
+        arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except json.JSONDecodeError:
+        raise ValueError(f"messages[{i}].tool_calls: arguments must be a JSON object as text") from None
+    if not isinstance(fn.get("name"), str) or not isinstance(arguments, dict):
+        raise ValueError(f"messages[{i}].tool_calls: each call needs function.name and function.arguments (a JSON "  # noqa: TRY004 - the field's error
+                         "object)")
+    return {"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": arguments}}
+
+
+def tools_for_template(source: str, messages: list[dict], tools: list[dict] | None, parser) -> list[dict]:
+    """For a template that knows no tools (its source never names `tools` / `tool_calls`; SmolLM2's, say), what it
+    would drop written as text in `parser`'s family: the tools in a system prompt, each assistant's calls in its
+    content. A template (its `source`) that knows them gets the messages as they are, and `tools` in its context."""
+    if "tool_calls" not in source:
+        messages = [{**{k: v for k, v in m.items() if k != "tool_calls"},
+                     "content": "\n".join(x for x in (m["content"], parser.render_calls(
+                         [c["function"] for c in m["tool_calls"]])) if x)} if m.get("tool_calls") else m
+                    for m in messages]
+    if tools and "tools" not in source:
+        prompt = parser.system_prompt(tools)
+        if messages and messages[0]["role"] == "system":
+            messages = [{**messages[0], "content": f"{prompt}\n\n{messages[0]['content']}"}, *messages[1:]]
+        else:
+            messages = [{"role": "system", "content": prompt}, *messages]
+    return messages
 
 
 class Escapes:
@@ -97,10 +141,12 @@ class Escapes:
 
 
 def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-                continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[int]:
+                continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
+                tools: list[dict] | None = None, tool_parser: str = "auto") -> list[int]:
     """The chat prompt's token ids, as vLLM renders it: `continue_final_message` leaves the last message open (the
-    model continues its text), `chat_template_kwargs` reach the template's context. No user text (content, name,
-    template kwargs) becomes a special token."""
+    model continues its text), `chat_template_kwargs` reach the template's context, `tools` (OpenAI's function
+    tools) reach it as `tools`, as HF's apply_chat_template(tools=...) passes them. No user text (content, name,
+    tools, tool calls, template kwargs) becomes a special token."""
     if add_generation_prompt and continue_final_message:
         raise ValueError("continue_final_message cannot be combined with add_generation_prompt; set that to false")
     kwargs = dict(chat_template_kwargs or {})
@@ -109,9 +155,14 @@ def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
         raise ValueError(f"chat_template_kwargs may not set {clash[0]!r} (a request field or refused)")
     # A tokenizer without special tokens (a test double) has nothing to escape.
     escapes = Escapes(getattr(tokenizer, "special_texts", ()))
-    msgs = [{**m, "content": escapes(m["content"]), **({"name": escapes(m["name"])} if "name" in m else {})}
+    msgs = [{"role": m["role"], **escapes({k: v for k, v in m.items() if k != "role"})}
             for m in chat_messages(messages)]
-    kwargs = escapes(kwargs)
+    kwargs, tools = escapes(kwargs), escapes(tools) if tools else None
+    source = getattr(tokenizer, "chat_template", None) or ""
+    if tools or any("tool_calls" in m for m in msgs):
+        msgs = tools_for_template(source, msgs, tools, parser_for(source, tool_parser))
+        if tools and "tools" in source:
+            kwargs["tools"] = tools
     try:
         text = tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, **kwargs)
     # The template's own raise_exception is the caller's problem, whatever its type.

@@ -20,7 +20,10 @@ its formulas: allowed_token_ids, min_tokens (the row's stop ids and eos masked u
 logit_bias, then the repetition (prompt and generated tokens), frequency and presence (generated tokens) penalties.
 Every step is elementwise on the row, with counts made on the host (exact integers, no atomics) and written by unique
 index, so the mode changes nothing there; only the rows that adjust are touched, and a batch where no row adjusts
-runs none of it. The reported logprobs stay those of the raw logits, as vLLM's default `raw_logprobs`.
+runs none of it. Then a row whose request has a grammar gets its own mask of allowed tokens (structured/masks.py),
+filled on the host by the row's matcher when the batch is sampled. The reported logprobs stay those of the raw logits,
+as vLLM's default `raw_logprobs` names them (vLLM's grammar mask reaches its logprobs; samebits' logprobs stay equal to
+teacher-forced scoring's).
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ import torch
 from samebits.engine import rng
 from samebits.engine.sequence import PENDING
 from samebits.kernels.common import to_device
+from samebits.structured.masks import GrammarRows
 
 # Below this temperature logits / t overflows float32 for ordinary logits; such rows are greedy, as in vLLM.
 GREEDY_TEMPERATURE = 1e-5
@@ -66,6 +70,8 @@ class SamplingBatch:
     num_top_logprobs: int = 0
     # Per row its RowAdjust or None; None for the whole batch when no row adjusts its logits.
     adjust: list[RowAdjust | None] | None = None
+    # The rows with a grammar, masked before the draw (structured/masks.py); None when no row has one.
+    grammar: GrammarRows | None = None
 
     def __post_init__(self) -> None:
         n = len(self.temperature)
@@ -87,9 +93,10 @@ class SamplingBatch:
         if any(p.adjusts_logits for p in params):
             adjust = [RowAdjust.of(p, histories[i], positions[i], eos_token_ids) if p.adjusts_logits else None
                       for i, p in enumerate(params)]
+        grammar = GrammarRows.of(histories, positions) if any(p.structured_outputs for p in params) else None
         return cls([p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params],
                    [p.min_p for p in params], list(seeds), list(sample_indices), positions,
-                   max((p.logprobs or 0 for p in params), default=0), adjust)
+                   max((p.logprobs or 0 for p in params), default=0), adjust, grammar)
 
     def __len__(self) -> int:
         return len(self.temperature)
@@ -98,6 +105,7 @@ class SamplingBatch:
         return [t < GREEDY_TEMPERATURE for t in self.temperature]
 
     def select(self, rows: list[int]) -> SamplingBatch:
+        """The rows' sampling inputs, for the draw: the logits adjustments and grammar masks are already applied."""
         def pick(values: list) -> list:
             return [values[i] for i in rows]
 
@@ -227,6 +235,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, *, ops) -> SamplerOutput:
         raise ValueError(f"the sampling batch has {len(batch)} rows for {logits.shape[0]} rows of logits")
     greedy = batch.greedy()
     adjusted = logits if batch.adjust is None else adjust_logits(logits, batch.adjust)
+    if batch.grammar is not None:
+        adjusted = batch.grammar.apply(adjusted)
     rows = [i for i in range(len(batch)) if not greedy[i]]
     if len(rows) == len(batch):  # every row samples: no argmax to overwrite (a decode step's kernel fewer)
         tokens = _sample_rows(adjusted, rows, batch, ops)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from functools import cached_property
 
 from samebits.engine.config import SEED_LIMIT
+from samebits.structured.params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20
 # vLLM's and OpenAI's ranges: presence and frequency penalties in [-2, 2], a logit bias in [-100, 100].
@@ -15,7 +16,7 @@ BIAS_LIMIT = 100.0
 
 # vLLM SamplingParams names samebits does not implement, so passing one names the gap instead of "unknown".
 NOT_IMPLEMENTED = ("bad_words", "logits_processors", "truncate_prompt_tokens",
-                   "guided_decoding", "structured_outputs", "spaces_between_special_tokens", "best_of",
+                   "guided_decoding", "spaces_between_special_tokens", "best_of",
                    "detokenize", "extra_args")
 
 
@@ -67,6 +68,8 @@ class SamplingParams:
     # The prompt tokens' logprobs and that many top alternatives, computed in the prefill (engine/prompt_logprobs.py),
     # bit-equal to what decoding reports for the same tokens; the request then skips the prefix cache.
     prompt_logprobs: int | None = None
+    # The grammar the output follows (vLLM's shape; masked row by row before the draw, samebits/structured/).
+    structured_outputs: StructuredOutputsParams | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __new__(cls, *args, **kwargs):
@@ -85,6 +88,7 @@ class SamplingParams:
         self._check_counts()
         self._check_stops()
         self._check_adjustments()
+        self._check_structured()
         kind = self.output_kind
         _require(isinstance(kind, RequestOutputKind) and kind is not RequestOutputKind.DELTA,
                  f"output_kind must be RequestOutputKind.CUMULATIVE or FINAL_ONLY (DELTA is not implemented), "
@@ -139,6 +143,18 @@ class SamplingParams:
         pl = self.prompt_logprobs
         _require(pl is None or (_is_int(pl) and 0 <= pl <= MAX_LOGPROBS),
                  f"prompt_logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {pl!r}")
+
+    def _check_structured(self) -> None:
+        so = self.structured_outputs
+        if so is None:
+            return
+        _require(isinstance(so, StructuredOutputsParams),
+                 f"structured_outputs must be None or a StructuredOutputsParams, got {type(so).__name__}")
+        # Either could leave a constrained row no allowed token with a finite logit (the grammar decides the tokens).
+        _require(self.allowed_token_ids is None, "allowed_token_ids cannot be combined with structured_outputs: the "
+                                                 "grammar decides which tokens are allowed")
+        _require(self.min_tokens == 0, "min_tokens cannot be combined with structured_outputs: the grammar decides "
+                                       "where the output may end")
 
     @cached_property
     def adjusts_logits(self) -> bool:

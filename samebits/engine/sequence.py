@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from samebits.engine.sampling_params import SamplingParams
 
@@ -83,6 +83,9 @@ class Sequence:
     first_scheduled: float | None = None
     # Set when the request asks for prompt logprobs; the same object for all its samples.
     prompt_rows: PromptRows | None = None
+    # The sample's grammar matcher when its request asks for structured outputs (structured/grammar.py; the engine
+    # sets it, the output processor advances it, the sampler masks with it).
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)

@@ -8,7 +8,7 @@ the policy that produced it.
 
 A source is a mapping of names to tensors, or a module (its parameters or state). Names are either ours (a
 LlamaModel's own parameter names, e.g. a samebits Policy's, optionally under a common `model.` prefix) or HF's (a
-transformers LlamaForCausalLM's state dict, a checkpoint's tensors).
+transformers LlamaForCausalLM's state dict, a checkpoint's tensors; a transformers 5 MoE module's stacked experts).
 """
 from __future__ import annotations
 
@@ -40,6 +40,8 @@ def update_weights(engine, source, version: str | None = None, keep_previous: bo
     if engine.config.tp_invariant:  # the model holds its weights in the sharded layout (distributed/model.py)
         raise WeightsError("update_weights: all_reduce='invariant' is not supported yet")
     model = engine.runner.model
+    if model.recipe is not None:  # its linears are e4m3 with scales (models/fp8.py), not a trainer's weights
+        raise WeightsError("update_weights: FP8 models are not supported; serve the dense checkpoint to sync weights")
     pairs = plan(model, tensors_of(source))
     previous = [(dest, dest.detach().to("cpu", copy=True)) for dest, _ in pairs] if keep_previous else None
     _copy(engine, pairs)
@@ -105,6 +107,7 @@ def plan(model: LlamaModel, tensors: dict[str, torch.Tensor]) -> list[tuple[torc
         expected, pairs = set(own), [(own[n].data, t) for n, t in tensors.items()]
         unexpected = []
     else:
+        tensors = dict(model.hf_named(tensors.items()))  # a mixture's stacked experts, one per expert
         expected = model.expected_weight_names()
         unexpected = sorted(n for n in tensors if n not in expected and not model.ignorable(n))
         pairs = [(model.destination(n), t) for n, t in tensors.items() if n in expected]

@@ -195,6 +195,102 @@ TILE_CONFIGS["tensor_parallel"] = {
     "tp_max-way split, so every GEMM has the same shape at every t. 8: the largest TP of one H200 host (issue 17).",
 }
 
+TILE_CONFIGS["moe"] = {
+    # tiles: [max_T, BM, BN, BK, num_warps, num_stages], the first row whose max_T >= the step's tokens T.
+    "config": {
+        "tiles": [
+            [32, 16, 64, 128, 4, 4],
+            [128, 16, 128, 128, 8, 3],
+            [256, 32, 128, 128, 8, 3],
+            [1024, 64, 128, 64, 4, 4],
+            [1 << 62, 128, 128, 64, 8, 4],
+        ],
+        "combine_block": 1024, "combine_warps": 4,
+        "routing": "router logits by the invariant linear; float32 softmax over the experts (one row per program); "
+                   "top k by (score, then the lower expert index); the k weights renormalised (norm_topk_prob) by a "
+                   "sum taken left to right in rank order",
+        "combine": "by top-k rank: acc = w0 * y0, then acc = acc + wj * yj, float32, no FMA, rounded once",
+        "expert_k_order": "in sequence, one tl.dot per BK step (CUDA); the proven CPU GEMM per expert (CPU)",
+    },
+    "why": "A token's expert output must not depend on how many other tokens chose that expert: pairs (token, rank) "
+    "are sorted by expert into BM-row blocks and every row is reduced over K in sequence into one float32 "
+    "accumulator (no split-K, no atomics), which on the H200 gives a row the same bits in every tile shape "
+    "(`matmul`), so the tile may follow the step's token count; tests/kernels/triton/test_moe_gpu.py holds the "
+    "fused kernels to the dense kernel's bits per expert at every row of this table and whatever the experts' "
+    "loads. Ties in the top k go to the lower expert index (kernels/moe.py keys each score with its index), a "
+    "function of the row alone. The combine folds the k outputs by top-k rank rather than expert id: the rank "
+    "order is the router's own output order, so no per-row sort is needed, and the largest weight comes first; "
+    "each step is one IEEE operation on the row's values, so CPU and GPU, vector width and thread count agree on "
+    "it. Tiles: decode steps give an expert a few rows (16- and 32-row blocks, wide K steps to stream its weights), "
+    "prefill hundreds (64- and 128-row blocks), after vLLM's H100 fused-MoE table for E=128, N=768 (Qwen3-30B-A3B; "
+    "its BN of the gate/up GEMM halved here, where one program holds a gate and an up tile); not yet tuned on the "
+    "H200.",
+}
+
+TILE_CONFIGS["fp8"] = {
+    "config": {"format": "float8_e4m3fn", "max": 448.0, "k_step": 128, "min_scale_exp": -64,
+               "activation_scale": "2^e, the least e with amax <= max * 2^e (amax of the row, or of the row's "
+                                   "k_step-wide group for block-scaled weights), at least 2^min_scale_exp",
+               "static_activation": "x / input_scale, correctly rounded",
+               "rounding": "clamp to +-max, then nearest e4m3 value, ties to even",
+               "sum": "each k_step of K: one tensor-core product from a zero float32 accumulator; steps added to "
+                      "the float32 sum in K order",
+               "epilogue": "channel weights: (sum * a_scale) * w_scale, + bias, rounded once; block weights: "
+                           "sum += (step * a_scale) * w_scale per k_step; static activations: w_scale is "
+                           "input_scale * w_scale, rounded once at load",
+               "online_weights": "per output row: amax / max in float32 (1 for a zero row), w / scale correctly "
+                                 "rounded, then as activations"},
+    "why": "FP8 weights and activations (kernels/fp8.py, docs/FP8.md). Activation scales are a function of the row "
+    "alone (per token, or per token and k_step group for the 128x128 block format): a per-tensor dynamic scale is "
+    "the max over the whole batch and is refused in deterministic mode. Scales are powers of two, so applying one is "
+    "exact: the activation scale commutes with the weight scale in any epilogue order (cuBLASLt/CUTLASS put it on "
+    "either side as they transpose by shape), the quantised values are x * 2^-e rounded once, the same on every "
+    "device, and the range lost is at most one binade of headroom (e4m3's relative precision is the same in every "
+    "binade). The rounding is written as integer arithmetic on the float32 bits (triton/fp8.py) because Triton's "
+    "interpreter rounds float32 -> e4m3 wrongly; it equals torch's cast bit for bit. k_step 128: the block format's K "
+    "block, and the promotion interval of CUTLASS's FP8 kernels without fast accumulation (four m64nNk32 wgmma per "
+    "float32 add), whose bits the vendor route must equal to be taken (vendor_fp8). On the H200 the e4m3 wgmma "
+    "accumulates a step in its own reduced precision; fixing the step makes that a function of K alone.",
+}
+
+TILE_CONFIGS["matmul_fp8"] = {
+    # Rows: [max_M, BM, BN, BK, num_warps, num_stages, GROUP_M, FUSED]; the first row whose max_M >= M is used.
+    "config": [
+        [4, 64, 16, 128, 4, 6, 1, 1],
+        [16, 64, 32, 128, 4, 6, 1, 0],
+        [64, 64, 64, 128, 4, 5, 8, 0],
+        [256, 64, 128, 128, 4, 4, 8, 0],
+        [1 << 62, 128, 128, 128, 8, 4, 8, 0],
+    ],
+    "why": "The FP8 GEMM (triton/fp8.py): K in k_step blocks in sequence, never split, so the tile may follow M. BK "
+    "is the k_step. BM is at least 64 at every M: below 64 rows Triton lowers an e4m3 tl.dot to mma.sync on float16 "
+    "operands (checked in tests/kernels/ptx_audit_worker.py), another product whose bits differ from wgmma's e4m3 "
+    "one; rows past M are masked, so the 63 idle rows of a decode tile read nothing. Decode rows split N finely "
+    "(16-32 weight rows a program, the full K loop each) so that 8B's N = 4096 still gives 128-256 programs "
+    "streaming the weights; prefill rows take 128x128 tiles at 8 warps (the sum and the step both live in "
+    "registers: 128x256 would spill). FUSED: the program quantises its own activation rows (the row max in a "
+    "prologue over K, then each tile as it is loaded) instead of a separate kernel, the same arithmetic, for M <= 4 "
+    "where re-reading the rows per program costs nothing and the saved launch is a decode step's time. Tiles are "
+    "reasoned, not yet swept on the H200 (benchmarks/fp8.py --sweep times the alternatives and checks their bits).",
+}
+
+TILE_CONFIGS["fp8_quant"] = {
+    "config": {"block": 1024, "num_warps": 4},
+    "why": "Per-token quantisation (triton/fp8.py): one row per program, the row max (exact in any order) over "
+    "BLOCK-wide chunks, then each element scaled and rounded on its own: the block cannot change a bit.",
+}
+
+TILE_CONFIGS["vendor_fp8"] = {
+    "config": {"enabled": True, "use_fast_accum": False, "min_m": 128, "k_multiple": 128, "n_multiple": 16,
+               "test_m": [128, 129, 192, 256, 257, 320, 1000, 1024, 2048, 3001, 4096, 4097, 8192]},
+    "why": "torch._scaled_mm with row-wise scales (on the H200 torch's CUTLASS kernel, the same k_step promotion "
+    "without fast accumulation) is taken only for an FP8 weight shape whose self-test (every element equal to the "
+    "Triton kernel at each test_m: both sides of its 256-row padding, its 192-row and 4096-row special cases, of "
+    "64- and 128-row tiles by SM count) passed in this process; a failed test only means the Triton kernel runs. "
+    "min_m: decode steps stay on the Triton kernel, whose small-M tiles stream the weights (vendor FP8 was 0.9-1.3x "
+    "bf16 at M <= 16, measured on the H200); the route serves M >= min_m only, so only those are tested.",
+}
+
 # Compiler options passed to every Triton launch.
 LAUNCH = dict(TILE_CONFIGS["triton"]["config"])
 

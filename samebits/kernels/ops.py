@@ -20,9 +20,9 @@ BACKENDS = {
     ("fast", "cpu"): "samebits.kernels.vendor",  # torch ops
     ("fast", "cuda"): "samebits.kernels.triton.fast",  # vendor GEMMs, Triton attention, norms, activation
 }
-OPS = ("linear", "linear_partials", "matmul", "bmm", "rms_norm", "add_rms_norm", "softmax", "log_softmax", "silu_and_mul",
+OPS = ("linear", "linear_fp8", "linear_partials", "matmul", "bmm", "rms_norm", "add_rms_norm", "softmax", "log_softmax", "silu_and_mul",
        "det_sum_rows", "rope", "write_kv", "rope_write_kv", "attention", "philox_uniforms",
-       "gumbel_race")
+       "gumbel_race", "moe_topk", "moe_experts")
 
 
 class Ops:

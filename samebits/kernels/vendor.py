@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from samebits.kernels.attention import paged_attention_sdpa, run_checked
+from samebits.kernels.fp8 import dequantized_linear as linear_fp8  # noqa: F401 - an op of this backend (ops.OPS)
 from samebits.kernels.kv_cache import write_kv  # noqa: F401 - ops of this backend (ops.OPS), shared with the CPU's
 from samebits.kernels.philox import philox_uniforms  # noqa: F401
 from samebits.kernels.race import gumbel_race  # noqa: F401
@@ -56,3 +57,38 @@ def det_sum_rows(x):
 
 def attention(q, k_cache, v_cache, meta, scale):
     return run_checked(paged_attention_sdpa, "fast", q, k_cache, v_cache, meta, scale)
+
+
+def moe_topk(scores, k):
+    return torch.topk(scores, k, dim=-1).indices
+
+
+def moe_experts(x, w13, w2, ids, weights):
+    """transformers' loop: each expert's tokens through F.linear, weighted, summed into the output by index_add_ in
+    expert order (float atomics on CUDA; a GEMM of as many rows as the expert got)."""
+    out = torch.zeros_like(x)
+    inter = w2.shape[2]
+    for e in ids.unique().tolist():
+        tokens, ranks = torch.where(ids == e)
+        h = F.linear(x[tokens], w13[e])
+        y = F.linear(F.silu(h[:, :inter]) * h[:, inter:], w2[e]) * weights[tokens, ranks, None]
+        # samebits: intentionally nondeterministic because this is fast mode's transformers loop, the baseline of the
+        # tax (on the CPU, where index_add_ runs in order; the CUDA fast row takes grouped_experts).
+        out.index_add_(0, tokens, y.to(x.dtype))
+    return out
+
+
+def grouped_experts(x, w13, w2, ids, weights):
+    """The experts as a vendor grouped GEMM (torch._grouped_mm, bf16): pairs sorted by expert, one GEMM call over all
+    experts per projection, no host sync; the k outputs summed by torch. CUDA fast mode's route (triton/fast.py)."""
+    t, k = ids.shape
+    inter = w2.shape[2]
+    flat = ids.reshape(-1)
+    order = flat.argsort()
+    ends = torch.searchsorted(flat.index_select(0, order), torch.arange(1, w13.shape[0] + 1, device=x.device))
+    xs = x.index_select(0, order // k)
+    h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=ends.to(torch.int32))
+    h = F.silu(h[:, :inter]) * h[:, inter:]
+    y = torch._grouped_mm(h, w2.transpose(1, 2), offs=ends.to(torch.int32))
+    unsorted = torch.empty_like(y).index_copy_(0, order, y)
+    return (unsorted.view(t, k, -1) * weights[..., None].to(x.dtype)).sum(1)

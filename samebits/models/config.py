@@ -6,8 +6,10 @@ implement fails at load with its name, instead of silently computing something e
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from samebits.models.moe_config import MOE_TYPES, MoeConfig, UnsupportedMoeError, moe_from_gguf, moe_from_hf
 
 # HF model_type -> the architectures (class names) we accept for it.
 SUPPORTED = {
@@ -15,8 +17,15 @@ SUPPORTED = {
     "mistral": ("MistralForCausalLM",),
     "qwen2": ("Qwen2ForCausalLM",),
     "qwen3": ("Qwen3ForCausalLM",),
+    "qwen3_moe": ("Qwen3MoeForCausalLM",),
+    "qwen2_moe": ("Qwen2MoeForCausalLM",),
+    "mixtral": ("MixtralForCausalLM",),
 }
-GGUF_ARCHS = ("llama", "qwen2", "qwen3")  # llama.cpp names; Mistral and SmolLM2 files say "llama"
+# quantization_config methods the loader reads (models/quantization.py: FP8 only).
+QUANT_METHODS = ("fp8", "compressed-tensors")
+# llama.cpp names; Mistral, SmolLM2 and Mixtral files say "llama"
+GGUF_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe")
+_GGUF_MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}  # llama with experts: mixtral
 ROPE_TYPES = ("default", "llama3")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -32,7 +41,7 @@ def _require(cond: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # HF model_type: llama | mistral | qwen2 | qwen3
+    architecture: str  # HF model_type: llama | mistral | qwen2 | qwen3 | qwen3_moe | qwen2_moe | mixtral
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -50,6 +59,7 @@ class ModelConfig:
     qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    moe: MoeConfig | None = None  # experts, routing and which layers are sparse (models/moe_config.py)
 
     def __post_init__(self):
         if self.architecture not in SUPPORTED:
@@ -64,6 +74,16 @@ class ModelConfig:
         _require(self.rms_norm_eps > 0 and self.rope_theta > 0, "rms_norm_eps and rope_theta must be positive")
         _check_rope_scaling(self.rope_scaling)
         _require(isinstance(self.eos_token_ids, tuple), "eos_token_ids must be a tuple")
+        _require((self.moe is not None) == (self.architecture in MOE_TYPES),
+                 f"architecture {self.architecture!r} {'needs' if self.moe is None else 'takes no'} MoE config")
+
+    def hashed_fields(self) -> dict:
+        """The config as the fingerprint hashes it: a dense model's without the `moe` field, so dense models keep the
+        hash they had before MoE models existed."""
+        fields = asdict(self)
+        if self.moe is None:
+            del fields["moe"]
+        return fields
 
     @property
     def q_size(self) -> int:
@@ -78,6 +98,10 @@ class ModelConfig:
         """From an HF config.json dict (transformers 4.x `rope_theta`/`rope_scaling` or 5.x `rope_parameters`)."""
         model_type = _hf_model_type(cfg)
         _reject_hf_features(cfg, model_type)
+        try:
+            moe = moe_from_hf(cfg, model_type)
+        except UnsupportedMoeError as e:
+            raise UnsupportedModelError(str(e)) from None
         heads = cfg["num_attention_heads"]
         theta, scaling = _hf_rope(cfg)
         return cls(
@@ -94,11 +118,12 @@ class ModelConfig:
             rope_theta=float(theta),
             rope_scaling=scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=model_type == "qwen2" or _hf_attention_bias(cfg, model_type),
+            qkv_bias=_hf_qkv_bias(cfg, model_type),
             o_bias=_hf_attention_bias(cfg, model_type),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_as_ids(cfg.get("eos_token_id")),
+            moe=moe,
         )
 
     @classmethod
@@ -107,8 +132,12 @@ class ModelConfig:
         arch = check_gguf_architecture(meta)
         heads = meta[f"{arch}.attention.head_count"]
         hidden = meta[f"{arch}.embedding_length"]
+        try:
+            moe = moe_from_gguf(meta, arch)
+        except UnsupportedMoeError as e:
+            raise UnsupportedModelError(str(e)) from None
         return cls(
-            architecture=arch,
+            architecture=_GGUF_MODEL_TYPES.get(arch, "mixtral" if moe else arch),
             vocab_size=vocab_size,
             hidden_size=hidden,
             intermediate_size=meta[f"{arch}.feed_forward_length"],
@@ -120,10 +149,11 @@ class ModelConfig:
             rms_norm_eps=float(meta[f"{arch}.attention.layer_norm_rms_epsilon"]),
             rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
             tie_word_embeddings=tied,
-            qkv_bias=arch == "qwen2",
-            qk_norm=arch == "qwen3",
+            qkv_bias=arch in ("qwen2", "qwen2moe"),
+            qk_norm=arch in ("qwen3", "qwen3moe"),
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=_as_ids(meta.get("tokenizer.ggml.eos_token_id")),
+            moe=moe,
         )
 
 
@@ -171,14 +201,22 @@ def _reject_hf_features(cfg: Mapping[str, Any], model_type: str) -> None:
         raise UnsupportedModelError(f"unsupported feature hidden_act={act!r}; only 'silu' is implemented")
     if cfg.get("mlp_bias"):
         raise UnsupportedModelError("unsupported feature mlp_bias=true")
-    if cfg.get("quantization_config"):
-        method = cfg["quantization_config"].get("quant_method", "?")
-        raise UnsupportedModelError(f"unsupported feature quantization_config (quant_method={method!r})")
+    method = (cfg.get("quantization_config") or {}).get("quant_method", "?")
+    if cfg.get("quantization_config") and method not in QUANT_METHODS:
+        raise UnsupportedModelError(f"unsupported feature quantization_config (quant_method={method!r}); supported: "
+                                    f"{', '.join(QUANT_METHODS)} (FP8)")
 
 
 def _hf_attention_bias(cfg: Mapping[str, Any], model_type: str) -> bool:
-    """Llama and Qwen3 read `attention_bias` for q/k/v/o; Qwen2 hard-codes q/k/v bias; Mistral has none."""
-    return model_type in ("llama", "qwen3") and bool(cfg.get("attention_bias", False))
+    """Llama and Qwen3(-MoE) read `attention_bias` for q/k/v/o; Qwen2 hard-codes q/k/v bias, Qwen2-MoE reads
+    `qkv_bias` (default on); Mistral and Mixtral have none."""
+    return model_type in ("llama", "qwen3", "qwen3_moe") and bool(cfg.get("attention_bias", False))
+
+
+def _hf_qkv_bias(cfg: Mapping[str, Any], model_type: str) -> bool:
+    if model_type == "qwen2_moe":
+        return bool(cfg.get("qkv_bias", True))
+    return model_type == "qwen2" or _hf_attention_bias(cfg, model_type)
 
 
 def _hf_rope(cfg: Mapping[str, Any]) -> tuple[float, dict | None]:
@@ -197,7 +235,7 @@ def _hf_max_positions(cfg: Mapping[str, Any]) -> int:
     """Attention here is full causal: cap the context at a sliding window so the window never comes into play."""
     limit = cfg["max_position_embeddings"]
     window = cfg.get("sliding_window")
-    uses_window = cfg.get("use_sliding_window", cfg.get("model_type") == "mistral")
+    uses_window = cfg.get("use_sliding_window", cfg.get("model_type") in ("mistral", "mixtral"))
     if uses_window and window:
         limit = min(limit, window)
     return limit
@@ -212,5 +250,5 @@ def _reject_gguf_features(meta: Mapping[str, Any], arch: str) -> None:
     rotary = meta.get(f"{arch}.rope.dimension_count", head_dim)
     if rotary != head_dim:
         raise UnsupportedModelError(f"unsupported GGUF feature: partial rotary (rope dims {rotary} of head_dim {head_dim})")
-    if meta.get(f"{arch}.expert_count", 0):
-        raise UnsupportedModelError("unsupported GGUF feature: mixture of experts (expert_count > 0)")
+    if arch in _GGUF_MODEL_TYPES and not meta.get(f"{arch}.expert_count", 0):
+        raise UnsupportedModelError(f"GGUF architecture {arch!r} without {arch}.expert_count")

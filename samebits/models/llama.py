@@ -46,7 +46,7 @@ def _empty(shape, dtype, device) -> nn.Parameter:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device, dense_mlp: bool = True):
         super().__init__()
         h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
         qkv = cfg.q_size + 2 * cfg.kv_size
@@ -58,22 +58,30 @@ class DecoderLayer(nn.Module):
         self.register_parameter("q_norm", _empty((d,), dtype, device) if cfg.qk_norm else None)
         self.register_parameter("k_norm", _empty((d,), dtype, device) if cfg.qk_norm else None)
         self.post_norm = _empty((h,), dtype, device)
-        self.gate_up_proj = _empty((2 * i, h), dtype, device)
-        self.down_proj = _empty((h, i), dtype, device)
+        if dense_mlp:  # else the layer's MLP is a mixture of experts (models/moe.py)
+            self.gate_up_proj = _empty((2 * i, h), dtype, device)
+            self.down_proj = _empty((h, i), dtype, device)
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, ops, dtype: torch.dtype = torch.float32):
+    recipe = None  # the FP8 recipe of the decoder's linears (models/fp8.py Fp8LlamaModel); None: dense
+
+    def __init__(self, config: ModelConfig, ops, dtype: torch.dtype = torch.float32, layer=DecoderLayer):
+        """`layer(config, dtype, device)`: one decoder layer's parameters (an FP8 model's own, models/fp8.py)."""
         super().__init__()
         self.config = config
         self.ops = ops
         device = ops.device
         self.embed_tokens = _empty((config.vocab_size, config.hidden_size), dtype, device)
-        self.layers = nn.ModuleList(DecoderLayer(config, dtype, device) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(self._make_layer(i, layer, dtype, device) for i in range(config.num_layers))
         self.norm = _empty((config.hidden_size,), dtype, device)
         tied = config.tie_word_embeddings
         self.register_parameter("lm_head", None if tied else _empty((config.vocab_size, config.hidden_size), dtype, device))
         self.register_buffer("cos_sin", _rope_table(config, device), persistent=False)
+
+    def _make_layer(self, index: int, layer, dtype: torch.dtype, device) -> DecoderLayer:
+        """Layer `index`: `layer`'s (models/moe.py makes a sparse layer's MLP its experts)."""
+        return layer(self.config, dtype, device)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -165,7 +173,7 @@ class LlamaModel(nn.Module):
         """Copy HF-named tensors in (cast to the model dtype); fail naming every missing or unexpected tensor."""
         expected = self.expected_weight_names()
         seen, unexpected = set(), []
-        for name, tensor in weights:
+        for name, tensor in self.hf_named(weights):
             if name in expected:
                 self._copy_in(name, tensor)
                 seen.add(name)
@@ -175,6 +183,10 @@ class LlamaModel(nn.Module):
         if missing or unexpected:
             raise ValueError(f"checkpoint does not match the {self.config.architecture} config: "
                              f"missing {short_names(missing)}, unexpected {short_names(sorted(unexpected))}")
+
+    def hf_named(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+        """The tensors under the names `expected_weight_names` uses (models/moe.py splits stacked experts)."""
+        return weights
 
     def ignorable(self, name: str) -> bool:
         # Tied checkpoints sometimes still store lm_head; the model uses the embedding either way.

@@ -5,12 +5,12 @@ import copy
 import functools
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from samebits.dtypes import normalize_dtype
+from samebits.dtypes import check_quantization, normalize_dtype
 from samebits.models.config import ModelConfig
 from samebits.models.digest import weights_digest
 from samebits.models.llama import LlamaModel
@@ -38,11 +38,14 @@ class LoadedModel:
         return other
 
     def numerics(self) -> dict:
-        """The model's fields of the fingerprint: its weights, their dtype, and the config the weights compute under
-        (the same weights with another rope_theta or eps give other bits)."""
-        config = json.dumps(asdict(self.config), sort_keys=True).encode()
+        """The model's fields of the fingerprint: its weights, their dtype, the config the weights compute under (the
+        same weights with another rope_theta or eps give other bits), and the FP8 recipe of its linears (method,
+        weight block, activation scaling; None: dense)."""
+        config = json.dumps(self.config.hashed_fields(), sort_keys=True).encode()
+        recipe = self.model.recipe
         return {"weights": self.weights, "dtype": str(self.model.dtype).removeprefix("torch."),
-                "model_config": hashlib.sha256(config).hexdigest()[:16]}
+                "model_config": hashlib.sha256(config).hexdigest()[:16],
+                "quantization": recipe.numerics() if recipe is not None else None}
 
 
 def default_device() -> str:
@@ -88,19 +91,22 @@ def resolve_path(name_or_path: str | Path) -> tuple[str, Path]:
 
 
 def load_model(name_or_path, mode: str = "deterministic", device=None, dtype=None,
-               progress: bool | None = None) -> LoadedModel:
-    """`progress`: a bar of tensors loaded on stderr; None shows it where stderr is a terminal (samebits/progress.py)."""
+               progress: bool | None = None, quantization: str | None = None) -> LoadedModel:
+    """`progress`: a bar of tensors loaded on stderr; None shows it where stderr is a terminal (samebits/progress.py).
+    `quantization`: None (the checkpoint's own weights, dense or FP8) or "fp8" / "fp8_per_tensor"
+    (models/quantization.py); `dtype` stays the dtype of everything the FP8 recipe leaves dense."""
     from samebits.kernels import get_ops
     from samebits.progress import progress_bar
 
     device = str(device or default_device())
     resolve_device(device)  # before anything touches the device: one clear line, not torch's assertion
+    check_quantization(quantization)
     name, path = resolve_path(name_or_path)
     torch_dtype = resolve_dtype(dtype, device)
     ops = get_ops(mode, device)
     with progress_bar(progress) as bar:
         track = functools.partial(bar.track, description=f"loading {name}")
-        model, tokenizer, config = _load_path(path, ops, torch_dtype, track)
+        model, tokenizer, config = _load_path(path, ops, torch_dtype, track, quantization)
     return LoadedModel(model.eval(), tokenizer, config, name, path)
 
 
@@ -116,11 +122,14 @@ def source_kind(path: Path) -> str:
     raise ValueError(f"cannot load {path}: expected an HF model folder or a .gguf file")
 
 
-def _load_path(path: Path, ops, dtype: torch.dtype, track):
+def _load_path(path: Path, ops, dtype: torch.dtype, track, quantization: str | None = None):
     if source_kind(path) == HF_FOLDER:
         from samebits.models.loader_hf import load_hf_dir
 
-        return load_hf_dir(path, ops, dtype, track)
+        return load_hf_dir(path, ops, dtype, track, quantization)
     from samebits.models.loader_gguf import load_gguf
 
+    if quantization is not None:
+        raise ValueError(f"quantization={quantization!r} needs an HF safetensors folder; a GGUF file loads "
+                         "dequantised to the model dtype")
     return load_gguf(path, ops, dtype, track)

@@ -1,8 +1,8 @@
 """A GGUF file: config from metadata, tensors dequantized to the model dtype, tokenizer and chat template from metadata.
 
 Weights are renamed to HF names so one loader path (`LlamaModel.load_weights`) checks them all. llama.cpp's converter
-permutes the Q/K rows of `llama`-architecture models (its RoPE pairs adjacent dims, HF's pairs the two halves);
-that permutation is undone here. Qwen2/Qwen3 files are written unpermuted.
+permutes the Q/K rows of `llama`-architecture models, Mixtral's included (its RoPE pairs adjacent dims, HF's pairs the
+two halves); that permutation is undone here. Qwen2/Qwen3 files (MoE too) are written unpermuted.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tokenizers import Tokenizer as _Backend
 from samebits.models.config import ModelConfig, UnsupportedModelError, check_gguf_architecture
 from samebits.models.gguf_file import GGUFTensor, read_gguf
 from samebits.models.llama import LlamaModel
+from samebits.models.registry import build_model
 from samebits.models.tokenizer import Tokenizer
 from samebits.progress import untracked
 
@@ -41,8 +42,17 @@ _LAYER_NAMES = {
     "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    # Mixtures of experts: one tensor per layer holds every expert ([E, rows, cols]); models/moe.py splits it and
+    # spells the router and experts as the family does.
+    "ffn_gate_inp.weight": "mlp.gate.weight", "ffn_gate_exps.weight": "mlp.experts.gate_proj.weight",
+    "ffn_up_exps.weight": "mlp.experts.up_proj.weight", "ffn_down_exps.weight": "mlp.experts.down_proj.weight",
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
 }
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
+_PERMUTED = ("llama", "mixtral")  # written by llama.cpp's converter as arch "llama"
 CONTROL, USER_DEFINED = 3, 4
 
 # Pre-tokenizer splits by `tokenizer.ggml.pre`, as transformers' GGUF conversion maps them. The gpt2 default (the
@@ -64,7 +74,7 @@ def load_gguf(path: Path, ops, dtype: torch.dtype, track=untracked) -> tuple[Lla
     meta, tensors = read_gguf(path)
     config = gguf_config(tensors, meta)
     tokenizer = gguf_tokenizer(meta)
-    model = LlamaModel(config, ops, dtype)
+    model = build_model(config, ops, dtype)
     model.load_weights(track(iter_tensors(tensors, config), total=len(tensors)))
     return model, tokenizer, config
 
@@ -85,7 +95,7 @@ def iter_tensors(tensors: list[GGUFTensor], config: ModelConfig) -> Iterator[tup
     for tensor in tensors:
         name = hf_name(tensor.name)
         values = dequantize_tensor(tensor)
-        if config.architecture == "llama":
+        if config.architecture in _PERMUTED:
             values = unpermute_qk(name, values, config)
         yield name, values
 

@@ -8,20 +8,26 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from samebits.models import quantization as q
 from samebits.models.config import ModelConfig, _as_ids
 from samebits.models.llama import LlamaModel
+from samebits.models.registry import build_model
 from samebits.models.tokenizer import Tokenizer
 from samebits.progress import untracked
 
 INDEX = "model.safetensors.index.json"
 
 
-def read_config(path: Path) -> ModelConfig:
+def read_hf_config(path: Path) -> dict:
     file = Path(path) / "config.json"
     if not file.is_file():
         raise FileNotFoundError(f"no config.json in {path}: an HF model folder needs config.json, *.safetensors and "
                                 "tokenizer.json")
-    return ModelConfig.from_hf(json.loads(file.read_text(encoding="utf-8")))
+    return json.loads(file.read_text(encoding="utf-8"))
+
+
+def read_config(path: Path) -> ModelConfig:
+    return ModelConfig.from_hf(read_hf_config(path))
 
 
 def safetensors_files(path: Path) -> list[Path]:
@@ -63,13 +69,22 @@ def tensor_count(files: list[Path]) -> int:
     return total
 
 
-def load_hf_dir(path: Path, ops, dtype: torch.dtype, track=untracked) -> tuple[LlamaModel, Tokenizer, ModelConfig]:
-    """`track(tensors, total)`: what counts the tensors as they load (samebits/progress.py)."""
+def load_hf_dir(path: Path, ops, dtype: torch.dtype, track=untracked,
+                quantization: str | None = None) -> tuple[LlamaModel, Tokenizer, ModelConfig]:
+    """`track(tensors, total)`: what counts the tensors as they load (samebits/progress.py). `quantization`: the
+    `--quantization` flag (models/quantization.py); an FP8 checkpoint loads as FP8 without it."""
     path = Path(path)
-    config = read_config(path)
+    hf = read_hf_config(path)
+    config = ModelConfig.from_hf(hf)
+    quant = q.plan(hf.get("quantization_config"), quantization, ops.mode)
     files = safetensors_files(path)
     # Read the tokenizer before the weights so a missing file fails fast.
     tokenizer = Tokenizer.from_hf_dir(path, extra_eos_ids=config.eos_token_ids + generation_eos_ids(path))
-    model = LlamaModel(config, ops, dtype)
-    model.load_weights(track(iter_tensors(files), total=tensor_count(files)))
+    tensors = track(iter_tensors(files), total=tensor_count(files))
+    if quant is None:
+        model = build_model(config, ops, dtype)
+        model.load_weights(tensors)
+    else:
+        model = q.Fp8LlamaModel(config, ops, dtype, quant.recipe)
+        model.load_weights(quant.tensors(tensors, ops.device))
     return model, tokenizer, config

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,10 +51,25 @@ VARIANTS = {
               "attention_bias": False, "use_sliding_window": False},
     "smollm2": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "rope_theta": 100000.0,
                 "tie_word_embeddings": True},
+    # Mixtures of experts (models/moe.py): few small experts, top 2 of 4 (Qwen3's norm_topk_prob on as in its
+    # released checkpoints, Qwen2's off with a shared expert and one dense layer).
+    "qwen3_moe": {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "rope_theta": 1000000.0,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "attention_bias": False,
+                  "use_sliding_window": False, "num_experts": 4, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 64, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                  "mlp_only_layers": []},
+    "mixtral": {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "rope_theta": 1000000.0,
+                "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 96},
+    "qwen2_moe": {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "rope_theta": 1000000.0,
+                  "use_sliding_window": False, "num_experts": 4, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96, "norm_topk_prob": False,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [1]},
 }
 # Config keys an override may set: the ones ModelConfig.from_hf reads. Anything else is a typo.
 OVERRIDABLE = set(_BASE) | {"rope_theta", "rope_scaling", "head_dim", "sliding_window", "use_sliding_window",
-                            "attention_bias"}
+                            "attention_bias", "num_experts", "num_local_experts", "num_experts_per_tok",
+                            "moe_intermediate_size", "norm_topk_prob", "shared_expert_intermediate_size",
+                            "decoder_sparse_step", "mlp_only_layers"}
 
 
 def tiny_hf_config(variant: str = "llama3", **overrides) -> dict:
@@ -80,10 +96,10 @@ def write_tiny_checkpoint(path, variant: str = "llama3", seed: int = 0, sharded:
 
 def random_weights(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """HF-named random tensors: N(0, 0.02) matrices and biases, norms near 1 so they are not no-ops."""
-    from samebits.models.llama import LlamaModel
+    from samebits.models.registry import model_class
 
     shapes = _hf_shapes(config)
-    names = sorted(LlamaModel.expected_weight_names_for(config))
+    names = sorted(model_class(config).expected_weight_names_for(config))
     gen = torch.Generator().manual_seed(seed)
     return {n: _random_tensor(n, shapes(n), gen).to(dtype) for n in names}
 
@@ -93,8 +109,12 @@ def _random_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator) -> t
     return 1.0 + 0.1 * noise if "norm" in name else 0.02 * noise
 
 
+_EXPERT_PART = re.compile(r".*(?:experts\.\d+\.|shared_expert\.)(\w+)\.weight")
+
+
 def _hf_shapes(cfg: ModelConfig):
     h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    moe = cfg.moe
     by_suffix = {"q_proj.weight": (cfg.q_size, h), "k_proj.weight": (cfg.kv_size, h), "v_proj.weight": (cfg.kv_size, h),
                  "q_proj.bias": (cfg.q_size,), "k_proj.bias": (cfg.kv_size,), "v_proj.bias": (cfg.kv_size,),
                  "o_proj.weight": (h, cfg.q_size), "o_proj.bias": (h,), "q_norm.weight": (d,), "k_norm.weight": (d,),
@@ -103,6 +123,14 @@ def _hf_shapes(cfg: ModelConfig):
                  "lm_head.weight": (cfg.vocab_size, h)}
 
     def shape(name: str) -> tuple[int, ...]:
+        expert = _EXPERT_PART.fullmatch(name)
+        if expert:  # w1/gate_proj, w3/up_proj: [I, H]; w2/down_proj: [H, I]
+            inter = moe.shared_expert_intermediate_size if "shared_expert." in name else moe.intermediate_size
+            return (h, inter) if expert.group(1) in ("w2", "down_proj") else (inter, h)
+        if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
+            return moe.num_experts, h
+        if name.endswith("shared_expert_gate.weight"):
+            return 1, h
         return next(s for suffix, s in by_suffix.items() if name.endswith(suffix))
 
     return shape
@@ -158,7 +186,11 @@ def write_tokenizer_files(path: Path, hf: dict) -> None:
     _write_json(path / "generation_config.json", {"bos_token_id": hf["bos_token_id"], "eos_token_id": hf["eos_token_id"]})
 
 
-_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
+              "qwen2_moe": "qwen2moe", "mixtral": "llama"}
+_EXPERT_NAME = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
+_EXPERT_PARTS = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj", "gate_proj": "gate_proj",
+                 "up_proj": "up_proj", "down_proj": "down_proj"}
 
 
 def write_tiny_gguf(path, variant: str = "smollm2", seed: int = 0, qtype: str | Callable[[str], str] = "Q8_0",
@@ -179,12 +211,30 @@ def write_tiny_gguf(path, variant: str = "smollm2", seed: int = 0, qtype: str | 
     _gguf_tokenizer(writer, config.vocab_size)
     type_of = qtype if callable(qtype) else lambda _: qtype
     gen = np.random.default_rng(seed)
-    for name, tensor in sorted(random_weights(config, seed).items()):
+    for name, tensor in sorted(_stacked_experts(random_weights(config, seed)).items()):
         _gguf_tensor(writer, name, tensor, config, gguf.GGMLQuantizationType[type_of(name)], gen)
     for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
         write()
     writer.close()
     return path
+
+
+def _stacked_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """As llama.cpp's converter writes a mixture of experts: each layer's experts stacked per projection, the router
+    and projections under the names loader_gguf.py reads them by (models/moe.py spells them back), the shared
+    expert's gate as one row."""
+    out, experts = {}, {}
+    for name, tensor in tensors.items():
+        match = _EXPERT_NAME.fullmatch(name)
+        if match:
+            experts.setdefault((match.group(1), _EXPERT_PARTS[match.group(3)]), {})[int(match.group(2))] = tensor
+        elif name.endswith("shared_expert_gate.weight"):
+            out[name] = tensor.reshape(-1)
+        else:
+            out[name.replace("block_sparse_moe.gate.weight", "mlp.gate.weight")] = tensor
+    for (layer, part), per in experts.items():
+        out[f"model.layers.{layer}.mlp.experts.{part}.weight"] = torch.stack([per[e] for e in sorted(per)])
+    return out
 
 
 def _gguf_metadata(writer, cfg: ModelConfig) -> None:
@@ -199,6 +249,12 @@ def _gguf_metadata(writer, cfg: ModelConfig) -> None:
     writer.add_rope_dimension_count(cfg.head_dim)
     writer.add_rope_freq_base(cfg.rope_theta)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if cfg.moe is not None:
+        writer.add_expert_count(cfg.moe.num_experts)
+        writer.add_expert_used_count(cfg.moe.top_k)
+        writer.add_expert_feed_forward_length(cfg.moe.intermediate_size)
+        if cfg.moe.shared_expert_intermediate_size:
+            writer.add_expert_shared_feed_forward_length(cfg.moe.shared_expert_intermediate_size)
 
 
 def _gguf_tokenizer(writer, vocab_size: int) -> None:
@@ -262,17 +318,17 @@ def random_k_blocks(shape: tuple[int, int], qtype, gen: np.random.Generator) -> 
 
 
 def _llama_cpp_permute(name: str, w: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    if cfg.architecture not in ("llama", "mistral") or not name.endswith(("q_proj.weight", "k_proj.weight")):
+    if cfg.architecture not in ("llama", "mistral", "mixtral") or not name.endswith(("q_proj.weight", "k_proj.weight")):
         return w
     heads = cfg.num_heads if "q_proj" in name else cfg.num_kv_heads
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 def random_model(config: ModelConfig, ops, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
-    """A LlamaModel of any shape with N(0, 0.02) weights generated on ops.device (for 8B-shaped GPU runs)."""
-    from samebits.models.llama import LlamaModel
+    """A model of any shape with N(0, 0.02) weights generated on ops.device (for 8B-shaped GPU runs)."""
+    from samebits.models.registry import build_model
 
-    model = LlamaModel(config, ops, dtype)
+    model = build_model(config, ops, dtype)
     gen = torch.Generator(device=model.device).manual_seed(seed)
     for name, param in model.named_parameters():
         noise = torch.randn(param.shape, generator=gen, device=param.device, dtype=torch.float32)

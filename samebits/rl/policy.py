@@ -18,6 +18,7 @@ from samebits.kernels.common import to_device
 from samebits.kernels.kv_cache import allocate_kv_cache
 from samebits.models.config import ModelConfig
 from samebits.models.llama import LlamaModel
+from samebits.models.registry import build_model
 from samebits.rl.sampling import per_row_params, token_logprobs
 from samebits.rl.train_ops import TrainOps
 
@@ -31,6 +32,7 @@ class Policy(nn.Module):
 
     def __init__(self, model: LlamaModel, mode: str = "deterministic"):
         super().__init__()
+        _refuse_fp8(model)
         model.set_ops(TrainOps(get_ops(mode, model.device)))
         for p in model.parameters():
             p.requires_grad_(True)
@@ -54,17 +56,19 @@ class Policy(nn.Module):
 
     @classmethod
     def from_hf(cls, hf_model: nn.Module, device=None, dtype=None, mode: str = "deterministic") -> Policy:
-        """From a transformers LlamaForCausalLM (or Mistral/Qwen2/Qwen3) module's config and weights."""
+        """From a transformers LlamaForCausalLM (or Mistral, Qwen2, Qwen3 and the MoE families) module's config and
+        weights."""
         config = ModelConfig.from_hf(hf_model.config.to_dict())
         first = next(hf_model.parameters())
-        model = LlamaModel(config, get_ops(mode, device or first.device), dtype or first.dtype)
+        model = build_model(config, get_ops(mode, device or first.device), dtype or first.dtype)
         model.load_weights(hf_model.state_dict().items())
         return cls(model, mode)
 
     @classmethod
     def from_model(cls, source: LlamaModel, device=None, mode: str = "deterministic") -> Policy:
         """A trainable copy of a samebits model's weights (e.g. an engine's: `llm.engine.loaded.model`)."""
-        model = LlamaModel(source.config, get_ops(mode, device or source.device), source.dtype)
+        _refuse_fp8(source)
+        model = build_model(source.config, get_ops(mode, device or source.device), source.dtype)
         with torch.no_grad():
             for mine, theirs in zip(model.parameters(), source.parameters(), strict=True):
                 mine.copy_(theirs)
@@ -124,3 +128,9 @@ class Policy(nn.Module):
                 raise ValueError(f"sequence {i}: {len(p) + len(c)} tokens exceed max_position_embeddings="
                                  f"{cfg.max_position_embeddings}")
 
+
+
+def _refuse_fp8(model: LlamaModel) -> None:
+    if model.recipe is not None:
+        raise ValueError("Policy: FP8 models are not trainable (their linears are e4m3 with scales, docs/FP8.md); "
+                         "train the dense checkpoint")

@@ -13,8 +13,8 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from samebits.kernels import vendor
-from samebits.kernels.activation import silu_and_mul  # noqa: F401 - the op's torch form (plain autograd ops)
+from samebits.kernels import moe, vendor
+from samebits.kernels.activation import silu_and_mul  # the op's torch form (plain autograd ops)
 from samebits.kernels.rope import apply_rope
 
 linear = F.linear
@@ -25,6 +25,11 @@ add_rms_norm = vendor.add_rms_norm
 softmax = vendor.softmax
 log_softmax = vendor.log_softmax
 rope = apply_rope
+
+
+def moe_experts(x, w13, w2, ids, weights):
+    """One expert at a time in plain torch (kernels/moe.py's definition of the op)."""
+    return moe.experts_by_loop(x, w13, w2, ids, weights, F.linear, silu_and_mul)
 
 
 def det_sum_rows(x):

@@ -63,11 +63,12 @@ class TrainOps:
         self.mode, self.device, self.deterministic = base.mode, base.device, base.deterministic
         self._pairs = {name: OpPair(getattr(base, name), getattr(reference, name))
                        for name in ("linear", "matmul", "bmm", "rms_norm", "add_rms_norm", "softmax", "log_softmax",
-                                    "silu_and_mul", "det_sum_rows", "rope")}
+                                    "silu_and_mul", "det_sum_rows", "rope", "moe_experts")}
         self._attention = OpPair(self._cached_attention, self._reference_attention)
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.philox_uniforms = base.philox_uniforms  # integer arithmetic: nothing to differentiate
         self.gumbel_race = base.gumbel_race  # a token id: nothing to differentiate
+        self.moe_topk = base.moe_topk  # expert ids: nothing to differentiate (the weights are gathered after it)
 
     def __repr__(self) -> str:
         return f"TrainOps({self.base!r})"
@@ -98,6 +99,9 @@ class TrainOps:
 
     def det_sum_rows(self, x):
         return _apply(self._pairs["det_sum_rows"], (x,))
+
+    def moe_experts(self, x, w13, w2, ids, weights):
+        return _apply(self._pairs["moe_experts"], (x, w13, w2, ids, weights))
 
     def rope(self, q, k, positions, cos_sin):
         return _apply(self._pairs["rope"], (q, k, positions, cos_sin))

@@ -11,10 +11,10 @@ from pathlib import Path
 from samebits import __version__
 
 # Fields that describe the run rather than the numerics: shown, never hashed.
-# vendor_gemm: cuBLASLt self-test verdicts; a route is only taken where it gives the Triton kernel's bits, so a
-# verdict never changes an output bit. cpu_gemm: the CPU route's verdicts; every block size it admits gives the
-# canonical block's bits, and what those depend on (MKL's mode and answer, the thread count) is hashed.
-UNHASHED = {"hash", "vendor_gemm", "cpu_gemm"}
+# vendor_gemm, vendor_fp8: the vendor GEMM routes' self-test verdicts; a route is only taken where it gives the Triton
+# kernel's bits, so a verdict never changes an output bit. cpu_gemm: the CPU route's verdicts; every block size it
+# admits gives the canonical block's bits, and what those depend on (MKL's mode and answer, the thread count) is hashed.
+UNHASHED = {"hash", "vendor_gemm", "vendor_fp8", "cpu_gemm"}
 
 
 def _cpu_model() -> str:
@@ -105,11 +105,11 @@ def _cuda_fields(torch) -> dict:
     }
 
 
-def _triton_version() -> str | None:
+def _package_version(name: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("triton")
+        return version(name)
     except PackageNotFoundError:
         return None
 
@@ -122,6 +122,12 @@ def numerics_profile() -> dict:
 
 def _vendor_gemm_verdicts() -> dict:
     from samebits.kernels.vendor_gemm import verdicts
+
+    return verdicts()
+
+
+def _vendor_fp8_verdicts() -> dict:
+    from samebits.kernels.vendor_fp8 import verdicts
 
     return verdicts()
 
@@ -176,7 +182,9 @@ def fingerprint(mode: str = "deterministic", tensor_parallel: dict | None = None
         "samebits": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "triton": _triton_version(),
+        "triton": _package_version("triton"),
+        # The grammar library decides which tokens a constrained request may draw (structured/grammar.py).
+        "llguidance": _package_version("llguidance"),
         **_cuda_fields(torch),
         "cpu": _cpu_model(),
         "blas": _blas_backend(torch),
@@ -187,6 +195,7 @@ def fingerprint(mode: str = "deterministic", tensor_parallel: dict | None = None
         "tensor_parallel": tensor_parallel or {"size": 1, "all_reduce": None, "invariant": False},
         "numerics_profile": hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()[:16],
         "vendor_gemm": _vendor_gemm_verdicts(),
+        "vendor_fp8": _vendor_fp8_verdicts(),
         "cpu_gemm": _cpu_gemm_verdicts(),
     }
     fields["hash"] = _hash(fields)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from samebits.engine.config import EngineConfig
+from samebits.models.tool_parsers import TOOL_CALL_PARSERS
 
 # A server bounds its waiting queue (429 past it, in sequences: prompts x n); the offline engine need not, so the
 # server's default sets it. One batch's worth (max_num_seqs' default): a giant request cannot queue more than that.
@@ -75,12 +76,17 @@ class ServerConfig:
     # Times a dead engine process is restarted (same config, same fingerprint: server/supervisor.py) over the server's
     # life; at the next death the server exits non-zero, for systemd or Kubernetes to restart it whole.
     max_engine_restarts: int = 3
+    # The model family's tool-call format (models/tool_parsers.py, vLLM's names); auto: read off the chat template.
+    tool_call_parser: str = "auto"
 
     def __post_init__(self) -> None:
         self._check_engine()
         self._check_address()
         self._check_keys()
         self._check_limits()
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got "
+                             f"{self.tool_call_parser!r}")
 
     def _check_engine(self) -> None:
         if not isinstance(self.engine, EngineConfig):

@@ -10,24 +10,25 @@ from __future__ import annotations
 
 from samebits.server.errors import invalid
 
-# name -> its neutral values. Sampling changes samebits does not make: beam search, word bans, constrained decoding.
+# name -> its neutral values. Sampling changes samebits does not make: beam search, word bans.
 _SAMPLING = {
     "length_penalty": (1,), "bad_words": ([],), "logits_processors": ([],),
     "use_beam_search": (False,), "truncate_prompt_tokens": (), "spaces_between_special_tokens": (True,),
     "return_tokens_as_token_ids": (False,),
-    "response_format": ({"type": "text"},), "structured_outputs": (), "guided_json": (), "guided_regex": (),
-    "guided_choice": (), "guided_grammar": (), "guided_decoding_backend": (), "guided_whitespace_pattern": (),
 }
-# Features samebits does not have. tool_choice and parallel_tool_calls are neutral whatever they say: tools are refused.
+# Tools are chat's (server/tools.py). On completions tool_choice and parallel_tool_calls are neutral whatever they
+# say: tools are refused there.
+_NO_TOOLS = {"tools": ([],), "tool_choice": ("none", "auto"), "parallel_tool_calls": (True, False)}
+# Features samebits does not have.
 _FEATURES = {
-    "tools": ([],), "tool_choice": ("none", "auto"), "parallel_tool_calls": (True, False), "functions": ([],),
+    "functions": ([],),
     "function_call": ("none", "auto"), "audio": (), "modalities": (["text"],), "prediction": (),
     "reasoning_effort": (), "verbosity": (), "web_search_options": (), "prompt_embeds": (),
     "mm_processor_kwargs": ({},),
     "priority": (0,), "request_id": (), "cache_salt": (), "kv_transfer_params": (), "vllm_xargs": (),
 }
 REFUSED: dict[str, dict[str, tuple]] = {
-    "completions": {**_SAMPLING, **_FEATURES, "suffix": ("",), "add_special_tokens": (True,)},
+    "completions": {**_SAMPLING, **_FEATURES, **_NO_TOOLS, "suffix": ("",), "add_special_tokens": (True,)},
     "chat": {**_SAMPLING, **_FEATURES, "best_of": (1,), "echo": (False,), "add_special_tokens": (False,),
              "documents": ([],), "chat_template": ()},
 }
@@ -35,8 +36,7 @@ PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # The provider's bookkeeping: accepted, and no output depends on it.
 BOOKKEEPING = ("metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
 # Inside the body's objects, the same policy: a message replayed from an OpenAI response carries these as null or [].
-REFUSED_IN_MESSAGE = {"tool_calls": ([],), "tool_call_id": (), "function_call": (), "audio": (), "refusal": (),
-                      "annotations": ([],), "reasoning_content": ()}
+REFUSED_IN_MESSAGE = {"function_call": (), "audio": (), "refusal": (), "annotations": ([],), "reasoning_content": ()}
 REFUSED_IN_STREAM_OPTIONS = {"continuous_usage_stats": (False,)}
 
 

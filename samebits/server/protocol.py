@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Base(BaseModel):
@@ -17,6 +17,18 @@ class _Base(BaseModel):
 
 class StreamOptions(_Base):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(_Base):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # `schema` would shadow pydantic's own attribute
+    strict: bool | None = None
+
+
+class ResponseFormat(_Base):
+    type: str
+    json_schema: JsonSchemaFormat | None = None
 
 
 class _Sampling(_Base):
@@ -44,6 +56,15 @@ class _Sampling(_Base):
     logit_bias: dict[str, float] | None = None  # OpenAI's JSON: token ids as strings
     allowed_token_ids: list[int] | None = None
     prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' logprobs and that many alternatives
+    # Structured outputs (server/structured.py): OpenAI's response_format, vLLM's structured_outputs and guided_*.
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -59,10 +80,35 @@ class ContentPart(_Base):
     text: str | None = None
 
 
+class FunctionCall(_Base):
+    name: str
+    arguments: str  # a JSON object as text, as OpenAI sends it
+
+
+class MessageToolCall(_Base):
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Base):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's calls, replayed
+    tool_call_id: str | None = None  # a tool result's call
+
+
+class FunctionDef(_Base):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Base):
+    type: str
+    function: FunctionDef
 
 
 class ChatRequest(_Sampling):
@@ -74,3 +120,6 @@ class ChatRequest(_Sampling):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Tool] | None = None  # server/tools.py
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None

@@ -20,6 +20,8 @@ from samebits.server.fields import check_fields
 from samebits.server.json_keys import duplicate_key_error
 from samebits.server.protocol import ChatMessage, ChatRequest, CompletionRequest
 from samebits.server.state import ServerState
+from samebits.server.structured import compiled, constraint
+from samebits.server.tools import ToolPlan, tool_plan
 
 # A union field's pydantic errors name each member; the client needs one sentence.
 UNION_HINTS = {
@@ -70,6 +72,8 @@ class Job:
     prompt_logprobs: bool = False
     # echo with max_tokens=0: the prompt scored, the one token drawn to get there dropped (vLLM's and OpenAI's).
     echo_only: bool = False
+    # Chat with tools: how the answer's text becomes tool calls (server/tools.py).
+    tools: ToolPlan | None = None
 
 
 # ---- parse -----------------------------------------------------------------------------------------------------
@@ -204,7 +208,7 @@ def _check_request(state: ServerState, req, endpoint: str) -> None:
 
 # ---- build -----------------------------------------------------------------------------------------------------
 def _sampling_params(req, max_tokens: int, seed: int, logprobs: int | None, fields: dict[str, str],
-                     prompt_logprobs: int | None = None) -> SamplingParams:
+                     prompt_logprobs: int | None = None, structured=None) -> SamplingParams:
     """SamplingParams checks every value; its error names its own field, renamed to the request's by `fields`."""
     try:
         return SamplingParams(
@@ -213,7 +217,8 @@ def _sampling_params(req, max_tokens: int, seed: int, logprobs: int | None, fiel
             min_p=0.0 if req.min_p is None else req.min_p, max_tokens=max_tokens, stop=stop_list(req.stop) or None,
             stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, seed=seed, n=req.n or 1,
             logprobs=logprobs, include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens, prompt_logprobs=prompt_logprobs, **_adjustments(req))
+            skip_special_tokens=req.skip_special_tokens, prompt_logprobs=prompt_logprobs,
+            structured_outputs=structured, **_adjustments(req))
     except ValueError as e:
         message, field = str(e), field_of(str(e))
         name = fields.get(field, field)
@@ -294,7 +299,9 @@ def completion_job(state: ServerState, req: CompletionRequest) -> Job:
     max_tokens = 1 if echo_only else 16 if req.max_tokens is None else req.max_tokens
     # vLLM: echo with logprobs scores the prompt with as many alternatives, unless prompt_logprobs says otherwise.
     scored = req.prompt_logprobs if req.prompt_logprobs is not None else req.logprobs if req.echo else None
-    params = _sampling_params(req, max_tokens, seed, req.logprobs, {}, scored)
+    structured, field = constraint(req)
+    params = _sampling_params(req, max_tokens, seed, req.logprobs, {}, scored, structured)
+    compiled(state, structured, field)
     meta = _new_meta(state, "cmpl", seed)
     subs = [Sub(f"{meta.id}-{i}", ids, text) for i, (text, ids) in enumerate(prompts)]
     _engine_checked(state, subs, params, "prompt")
@@ -302,11 +309,12 @@ def completion_job(state: ServerState, req: CompletionRequest) -> Job:
                _include_usage(req), scored is not None, echo_only)
 
 
-def _chat_ids(state: ServerState, req: ChatRequest) -> list[int]:
+def _chat_ids(state: ServerState, req: ChatRequest, plan: ToolPlan | None) -> list[int]:
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
     try:
         return render_chat(state.tokenizer, messages, req.add_generation_prompt, req.continue_final_message,
-                           req.chat_template_kwargs)
+                           req.chat_template_kwargs, plan.tools if plan is not None else None,
+                           state.config.tool_call_parser)
     except ChatTemplateError as e:
         raise invalid(str(e), "messages") from None
     except ValueError as e:
@@ -316,16 +324,20 @@ def _chat_ids(state: ServerState, req: ChatRequest) -> list[int]:
 def chat_job(state: ServerState, req: ChatRequest) -> Job:
     _check_request(state, req, "chat")
     _check_chat(req, state.config.max_logprobs)
-    ids = _chat_ids(state, req)
+    plan = tool_plan(req, state.config.tool_call_parser, state.tokenizer)
+    ids = _chat_ids(state, req, plan)
     named = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     requested = getattr(req, named)
     max_tokens = requested if requested is not None else state.default_max_tokens(len(ids))
     seed = _seed(state, req)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    forced = plan.forced if plan is not None else None
+    structured, field = constraint(req, (forced, "tool_choice") if forced is not None else None)
     params = _sampling_params(req, max_tokens, seed, logprobs, {"max_tokens": named, "logprobs": "top_logprobs"},
-                              req.prompt_logprobs)
+                              req.prompt_logprobs, structured)
+    compiled(state, structured, "tools" if field == "tool_choice" else field)
     meta = _new_meta(state, "chatcmpl", seed)
     subs = [Sub(f"{meta.id}-0", ids, None)]
     _engine_checked(state, subs, params, "messages")
     return Job("chat", meta, subs, params, stop_list(req.stop), False, bool(req.logprobs), _include_usage(req),
-               req.prompt_logprobs is not None)
+               req.prompt_logprobs is not None, tools=plan)

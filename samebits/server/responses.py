@@ -236,11 +236,19 @@ def text_body(state: ServerState, job: Job, outs: list) -> dict:
     return {**job.meta.head("text_completion"), "choices": choices, "usage": _usage(outs)}
 
 
+def _reply(job: Job, c) -> tuple[dict, str | None]:
+    """(message, finish_reason) of a finished chat choice; with tools, its calls read out (server/tools.py)."""
+    if job.tools is None:
+        return {"role": "assistant", "content": c.text}, c.finish_reason
+    return job.tools.reply(c.text, c.finish_reason)
+
+
 def chat_body(state: ServerState, job: Job, outs: list) -> dict:
-    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+    replies = [_reply(job, c) for c in outs[0].outputs]
+    choices = [{"index": c.index, "message": message,
                 "logprobs": _chat_logprobs(state, c, c.token_ids, 0) if job.logprobs else None,
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "token_ids": list(c.token_ids)}
-               for c in outs[0].outputs]
+                "finish_reason": finish, "stop_reason": c.stop_reason, "token_ids": list(c.token_ids)}
+               for c, (message, finish) in zip(outs[0].outputs, replies)]
     body = {**job.meta.head("chat.completion"), "choices": choices, "usage": _usage(outs)}
     if job.prompt_logprobs:  # vLLM's place: the response, beside the choices
         body["prompt_logprobs"] = vllm_prompt_logprobs(state.token_text, outs[0].prompt_logprobs)

@@ -14,6 +14,7 @@ from samebits.server.errors import aborted, map_error
 from samebits.server.requests import Job, Sub
 from samebits.server.responses import DONE_EVENT, StreamWriter, chat_body, error_event, json_response, text_body
 from samebits.server.state import ServerState
+from samebits.server.tool_stream import ToolStreamWriter
 
 STATUS_CLIENT_GONE = 499  # nginx's convention; nobody reads it, but logs and metrics do
 
@@ -204,7 +205,8 @@ async def _respond_stream(state: ServerState, request: Request, job: Job) -> Res
     except Exception as e:  # noqa: BLE001 - every engine-side error becomes an HTTP error
         raise map_error(e) from None
     _named_by(job, first if len(job.subs) == 1 else first[1])
-    writer = StreamWriter(state, job)  # after the first output: every chunk carries its engine's fingerprint
+    # After the first output: every chunk carries its engine's fingerprint.
+    writer = (StreamWriter if job.tools is None else ToolStreamWriter)(state, job)
     if len(job.subs) == 1:
         feed = functools.partial(writer.feed, 0)
     else:

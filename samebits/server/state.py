@@ -9,6 +9,7 @@ from json.encoder import encode_basestring
 from samebits.server.errors import clip, invalid, not_found
 from samebits.server.metrics import Metrics
 from samebits.server.supervisor import EngineSupervisor
+from samebits.structured.grammar import Grammars
 
 # max_prompt_chars' default per token of context: real text runs 3-5 characters a token, so only a prompt that could
 # never fit is refused before it is tokenized (tokenizing 4 MB costs seconds of CPU).
@@ -89,6 +90,8 @@ class ServerState:
         self.metrics.watch(self.supervisor)
         self.created = int(time.time())
         self.max_prompt_chars = config.max_prompt_chars or PROMPT_CHARS_PER_TOKEN * self.max_model_len
+        # The grammar compiler a request's constraint is checked with; the engine's own when it is in this process.
+        self.grammars = getattr(engine, "grammars", None) or Grammars(self.tokenizer, self.vocab_size)
         # Big request bodies are parsed one at a time under it (server/requests.py BIG_BODY_BYTES).
         self.parse_turn = asyncio.Lock()
         self._token_text: dict[int, str] = {}

@@ -9,7 +9,9 @@ thread, whose process may hold a broken device; a fingerprint that changed), it 
 server exit non-zero (serve.py), so systemd or Kubernetes restarts it whole.
 
 `status` is what /health and /ready say: "ok", "starting" while a restart loads, "engine_dead" after giving up.
-A fleet (samebits/fleet) restarts its own replicas and is not supervised here.
+A fleet (samebits/fleet/engine.py) restarts its own replicas through Ray, each replica without bound, and never
+reports a death here (it has no on_dead): the supervisor only reads it, "starting" while every replica is down and
+one is coming back (FleetEngine.restarting), "ok" while one serves.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ class EngineSupervisor:
 
     @property
     def status(self) -> str:
-        if self._restarting:
+        if self._restarting or getattr(self.ae, "restarting", False):
             return STARTING
         return OK if self.ae.healthy else DEAD
 

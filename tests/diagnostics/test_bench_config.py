@@ -11,9 +11,10 @@ BAD = [
     ({"prompt_tokens": (8,)}, r"--prompt-tokens takes two numbers, MIN MAX"),
     ({"rerun_alone": 9, "requests": 8}, r"--rerun-alone must be an int in \[0, 8\], got 9"),
     ({"mode": "slow"}, r"--mode must be one of deterministic, fast, both, got 'slow'"),
-    ({"random_shape": "70b"}, r"--random-shape must be one of 1b, 8b, tiny, got '70b'"),
+    ({"random_shape": "70b"}, r"--random-shape must be one of 1b, 8b, mixtral-8x7b, .*, tiny-moe, got '70b'"),
     ({"random_shape": "tiny", "model": "m.gguf"}, r"--model m.gguf and --random-shape tiny both given"),
     ({"seed": -1}, r"--seed must be an int in \[0, 9223372036854775807\], got -1"),
+    ({"quantization": "int4"}, r"--quantization must be None or one of \('fp8', 'fp8_per_tensor'\), got 'int4'"),
 ]
 
 

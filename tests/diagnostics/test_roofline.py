@@ -1,16 +1,20 @@
 """The roofline's arithmetic, checked by hand on a toy shape and for sense on the 8B shape."""
 import pytest
 
+from samebits.diagnostics.bench.shapes import shape_config
 from samebits.diagnostics.roofline import (
     H200_PEAK_BYTES,
+    active_params,
     decode_seconds,
     kv_bytes_per_token,
     layer_params,
     prefill_seconds,
     roofline,
+    touched_experts,
     weight_bytes,
 )
 from samebits.models.config import ModelConfig
+from samebits.models.moe_config import MoeConfig
 
 TOY = ModelConfig("llama", vocab_size=10, hidden_size=2, intermediate_size=3, num_layers=1, num_heads=1,
                   num_kv_heads=1, head_dim=2, max_position_embeddings=64)
@@ -56,3 +60,28 @@ def test_bad_inputs_name_the_field():
         roofline(TOY, [1, 2], [1])
     with pytest.raises(ValueError, match="max_num_seqs"):
         roofline(TOY, [1], [1], max_num_seqs=0)
+
+
+TOY_MOE = ModelConfig("qwen3_moe", vocab_size=10, hidden_size=2, intermediate_size=3, num_layers=2, num_heads=1,
+                      num_kv_heads=1, head_dim=2, max_position_embeddings=64,
+                      moe=MoeConfig(num_experts=4, top_k=2, intermediate_size=5, norm_topk_prob=True, dense_layers=(1,)))
+
+
+def test_moe_counts_the_experts_a_token_and_a_step_touch():
+    attention, dense, router, expert = 2 * (2 + 2 * 2) + 2 * 2, 3 * 2 * 3, 4 * 2, 3 * 2 * 5
+    assert layer_params(TOY_MOE) == 2 * attention + dense + router + 4 * expert
+    assert active_params(TOY_MOE) == 2 * attention + dense + router + 2 * expert  # top 2 of the sparse layer's 4
+    assert touched_experts(TOY_MOE, 1) == 2 and touched_experts(TOY_MOE, 2) == 4 * (1 - 0.5 ** 2)
+    rest = 2 * attention + dense + router + 10 * 2
+    assert weight_bytes(TOY_MOE, 2, rows=1) == (rest + 2 * expert) * 2
+    assert weight_bytes(TOY_MOE, 2) == (rest + 4 * expert) * 2  # rows=None: every expert
+
+
+def test_qwen3_30b_a3b_active_and_touched():
+    m = shape_config("qwen3-30b-a3b")
+    assert active_params(m) + 2 * m.vocab_size * m.hidden_size == pytest.approx(3.35e9, rel=0.01)  # "A3B"
+    assert layer_params(m) + 2 * m.vocab_size * m.hidden_size == pytest.approx(30.5e9, rel=0.01)
+    assert touched_experts(m, 1) == pytest.approx(8) and touched_experts(m, 64) == pytest.approx(125.94, abs=0.01)
+    bound = roofline(m, [512], [65])
+    assert bound.decode_s / bound.decode_steps == pytest.approx(weight_bytes(m, 2, rows=1) / H200_PEAK_BYTES,
+                                                                rel=0.02)

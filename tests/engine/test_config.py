@@ -46,6 +46,7 @@ def test_block_size_none_takes_the_device_page():
         ({"tensor_parallel_size": True}, "tensor_parallel_size", "(1, 2, 4, 8)"),
         ({"all_reduce": "ring"}, "all_reduce", "ordered"),
         ({"all_reduce": "invariant", "mode": "fast"}, "all_reduce='invariant'", "deterministic"),
+        ({"quantization": "int4"}, "quantization", "fp8_per_tensor"),
     ],
 )
 def test_validation_names_field_and_limit(kwargs, field, limit):

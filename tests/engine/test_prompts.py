@@ -66,3 +66,35 @@ def test_prompt_shapes():
     for bad in ({"prompt": "a", "prompt_token_ids": [1]}, {"multi_modal_data": {}}, {"prompt": [1, 2]}):
         with pytest.raises(ValueError, match="prompt: a dict prompt holds exactly one of"):
             normalize_prompts(bad, enc)
+
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+CALLED = [{"role": "user", "content": "1+2"}, {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "3"}]
+
+
+class ToolTokenizer(ShowingTokenizer):
+    """A template that knows tools: shows the tools and each message's calls (their arguments as objects)."""
+
+    chat_template = "{{ tools }} {{ tool_calls }}"
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, **kwargs):
+        calls = [(m["role"], c["function"]["name"], c["function"]["arguments"], m.get("tool_call_id"))
+                 for m in messages for c in m.get("tool_calls", [])]
+        return f"{[t['function']['name'] for t in kwargs.pop('tools', [])]}{calls}" + super().apply_chat_template(
+            messages, add_generation_prompt, **kwargs)
+
+
+def test_a_template_that_knows_tools_gets_them_and_the_calls_as_objects():
+    text = "".join(map(chr, render_chat(ToolTokenizer(), CALLED, tools=TOOLS)))
+    assert text.startswith("['add'][('assistant', 'add', {'a': 1}, None)]<user>1+2</><assistant></><tool>3</>")
+
+
+def test_a_template_that_knows_no_tools_gets_them_as_hermes_text():
+    text = rendered(CALLED, tools=TOOLS)
+    assert text.startswith("<system>You are a function calling AI model.") and '"name": "add"' in text
+    assert '<assistant><tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call></>' in text
+    assert rendered(CALLED[:1]) == rendered(CALLED[:1], tools=None)
+    with pytest.raises(ValueError, match=r"messages\[1\].tool_calls"):
+        rendered([CALLED[0], {**CALLED[1], "tool_calls": [{"function": {"name": "add", "arguments": "[1]"}}]}])

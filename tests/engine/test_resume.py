@@ -9,7 +9,7 @@ import pytest
 from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.outputs import Resume
-from samebits.engine.sampling_params import SamplingParams
+from samebits.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from samebits.models.testing import write_tiny_checkpoint
 
 PROMPT = [5, 17, 29, 3, 41, 7, 11, 13, 2, 19, 23, 31, 37, 43, 47, 53, 59]
@@ -82,3 +82,15 @@ def test_resume_is_refused_for_another_seed(engine):
     with pytest.raises(ValueError, match="seed"):
         engine.add_request("x", PROMPT, params_for(2), resume=Resume.of(sent))
     assert not engine.has_unfinished_requests()
+
+
+def test_a_constrained_request_resumes_inside_its_grammar(engine, seed):
+    """The grammar of a resumed sample takes the sent tokens first: its next mask is the one the uninterrupted run
+    had (a grammar restarted at the cut would allow other tokens, or fail the mask's position check)."""
+    so = StructuredOutputsParams(regex=r"[a-f]{3,8}-[0-9]{2,6}")
+    params = SamplingParams(temperature=0.9, seed=seed, n=2, max_tokens=12, logprobs=1, structured_outputs=so)
+    whole = run(engine, params)
+    assert len(whole) > 3
+    for cut in (1, len(whole) // 2, len(whole) - 2):
+        resumed = run(engine, params, Resume.of(whole[cut - 1]))
+        assert bits(resumed[-1]) == bits(whole[-1]), f"cut after output {cut}"

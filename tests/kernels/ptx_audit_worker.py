@@ -20,6 +20,7 @@ from samebits.kernels.triton.matmul import pipeline_stages
 # atom.global.add.f32, red.shared.add.noftz.bf16x2, atom.add.f16 ...: any atomic or reduction on a float type.
 FLOAT_ATOMIC = re.compile(r"\b(atom|red)(\.\w+)*\.(f16|bf16|f32|f64)(x2)?\b")
 DTYPES = ("bf16", "fp16", "fp32")
+WGMMA_E4M3 = re.compile(r"wgmma\.mma_async\S*\.e4m3\.e4m3")
 
 
 def _jit(module, name):
@@ -49,6 +50,44 @@ def _matmul_specs():
                 specs.append((f"matmul {bm}x{bn}x{bk} {dt} even_k={even_k}",
                               _spec(fn, types, const, aligned, {"num_warps": warps, "num_stages": pipeline_stages(
                                   bm, bn, bk, stages, 4 if dt == "fp32" else 2)})))
+    return specs
+
+
+def _fp8_specs():
+    """The FP8 GEMM at every row of its table (channel weights with a bias; block weights on the prefill row), every
+    activation form of the fused decode row, and the quantisation kernel per activation form: as triton/fp8.py
+    launches them."""
+    from samebits.kernels.fp8 import K_STEP
+
+    fn, quant = _jit("fp8", "_fp8_matmul_kernel"), _jit("fp8", "_quantize_rows_kernel")
+    specs = []
+    rows = TILE_CONFIGS["matmul_fp8"]["config"]
+    for _, bm, bn, bk, warps, stages, group, fused in rows:
+        forms = [(0, False, False, True)]  # (ACT, FUSED, BLOCK_W, HAS_BIAS)
+        if bm == rows[-1][1]:
+            forms.append((1, False, True, False))
+        if fused:
+            forms += [(act, True, act == 1, False) for act in (0, 1, 2)]
+        for act, fuse, block_w, bias in forms:
+            a = "*bf16" if fuse else "*fp8e4nv"
+            types = {"a_ptr": a, "as_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "c_ptr": "*bf16",
+                     "bias_ptr": "*bf16"}
+            types.update({n: "i32" for n in ("M", "N", "K", "stride_am", "stride_as", "stride_wn", "stride_ws",
+                                             "stride_cm")})
+            const = {"ACT": act, "FUSED": fuse, "BLOCK_W": block_w, "W_ROWS": K_STEP, "HAS_BIAS": bias, "BM": bm,
+                     "BN": bn, "BK": bk, "GROUP_M": group, "EVEN_K": False, "UPCAST": False}
+            aligned = ["a_ptr", "as_ptr", "w_ptr", "ws_ptr", "c_ptr", "bias_ptr", "N", "K", "stride_am", "stride_wn",
+                       "stride_cm"]
+            options = {"num_warps": warps, "num_stages": pipeline_stages(bm, bn, bk, stages, 2 if fuse else 1)}
+            specs.append((f"fp8_matmul {bm}x{bn}x{bk} act={act} fused={fuse} block={block_w}",
+                          _spec(fn, types, const, aligned, options)))
+    qcfg = TILE_CONFIGS["fp8_quant"]["config"]
+    for act in (0, 1, 2):
+        types = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "in_ptr": "*fp32", "K": "i32",
+                 "stride_x": "i32", "stride_q": "i32", "stride_s": "i32"}
+        specs.append((f"fp8_quant act={act}", _spec(quant, types, {"ACT": act, "BLOCK": qcfg["block"],
+                                                                    "STEP": K_STEP}, ["x_ptr", "q_ptr"],
+                                                    {"num_warps": qcfg["num_warps"]})))
     return specs
 
 
@@ -92,6 +131,38 @@ def _row_specs():
                                              {"num_warps": 4})))
     specs.append(("det_sum merge", _spec(_jit("reduce", "_merge_kernel"), {"part_ptr": "*fp32", "out_ptr": "*fp32"},
                                          {"SPLIT": dcfg["split"]}, [], {"num_warps": 1})))
+    return specs
+
+
+def _moe_specs():
+    """The fused MoE kernels at every row of the moe table in bf16 (the serving dtype) and at the first row in the
+    other dtypes, as triton/moe.py launches them at real shapes (sizes and row strides multiples of 16)."""
+    from samebits.kernels.triton.moe import _stages
+
+    gate_up, down, comb = (_jit("moe", n) for n in ("_moe_gate_up_kernel", "_moe_down_kernel", "_moe_combine_kernel"))
+    cfg = TILE_CONFIGS["moe"]["config"]
+    specs = []
+    rows = [(tile, "bf16") for tile in cfg["tiles"]] + [(cfg["tiles"][0], dt) for dt in DTYPES if dt != "bf16"]
+    for (_, bm, bn, bk, warps, stages), dt in rows:
+        size, common = 4 if dt == "fp32" else 2, {"UPCAST": False, "PRECISION": "ieee" if dt == "fp32" else "tf32",
+                                                  "BM": bm, "BN": bn, "BK": bk, "EVEN_K": False}
+        types = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "h_ptr": f"*{dt}", "pairs_ptr": "*i32",
+                 "block_expert_ptr": "*i32", **{a: "i32" for a in ("P", "K", "INTER", "stride_xm", "stride_we",
+                                                                  "stride_wn", "stride_hm")}}
+        specs.append((f"moe gate_up {bm}x{bn}x{bk} {dt}", _spec(
+            gate_up, types, {**common, "TOPK": 8, "LIBDEVICE": True}, [a for a in types if a != "P"],
+            {"num_warps": warps, "num_stages": _stages(bm, bn, bk, stages, size, 2)})))
+        types = {"h_ptr": f"*{dt}", "w_ptr": f"*{dt}", "y_ptr": f"*{dt}", "pairs_ptr": "*i32",
+                 "block_expert_ptr": "*i32", **{a: "i32" for a in ("P", "K", "N", "stride_hm", "stride_we",
+                                                                  "stride_wn", "stride_ym")}}
+        specs.append((f"moe down {bm}x{bn}x{bk} {dt}", _spec(
+            down, types, common, [a for a in types if a != "P"],
+            {"num_warps": warps, "num_stages": _stages(bm, bn, bk, stages, size, 1)})))
+    for dt in DTYPES:
+        types = {"y_ptr": f"*{dt}", "w_ptr": "*fp32", "out_ptr": f"*{dt}", "N": "i32", "stride_ym": "i32",
+                 "stride_om": "i32"}
+        specs.append((f"moe combine {dt}", _spec(comb, types, {"TOPK": 8, "BLOCK": cfg["combine_block"]},
+                                                 ["y_ptr", "out_ptr"], {"num_warps": cfg["combine_warps"]})))
     return specs
 
 
@@ -228,11 +299,12 @@ def _atomic_control(x_ptr, out_ptr):
 
 def _report(ptx):
     return {"float_atomics": _float_atomics(ptx)[:3], "cp_async": "cp.async" in ptx, "wgmma": "wgmma" in ptx,
-            "tma": "cp.async.bulk.tensor" in ptx}
+            "tma": "cp.async.bulk.tensor" in ptx, "wgmma_e4m3": bool(WGMMA_E4M3.search(ptx)),
+            "mma_sync": "mma.sync" in ptx}
 
 
 def main():
-    specs = _matmul_specs() + _row_specs() + _attention_specs() + _gluon_specs()
+    specs = _matmul_specs() + _fp8_specs() + _row_specs() + _moe_specs() + _attention_specs() + _gluon_specs()
     specs.append(("control: tl.atomic_add fp32", _spec(_atomic_control, {"x_ptr": "*fp32", "out_ptr": "*fp32"}, {},
                                                         [], {"num_warps": 1})))
     fn, sig, const, attrs, options = dict(specs)["attention paged_attention_bf16_d128_partial_page16"]

@@ -34,6 +34,12 @@ def test_attention_kernels_are_audited(audit):
             "write_kv_bf16", "rope_bf16"} <= names
 
 
+def test_moe_kernels_are_audited(audit):
+    tiles = len(TILE_CONFIGS["moe"]["config"]["tiles"])
+    assert sum(k.startswith(("moe gate_up", "moe down")) and k.endswith("bf16") for k in audit) == 2 * tiles
+    assert all(audit[f"moe combine {dt}"] for dt in ("bf16", "fp16", "fp32"))
+
+
 def test_audit_sees_a_float_atomic(audit):
     assert audit["control: tl.atomic_add fp32"]["float_atomics"], "the audit regex misses tl.atomic_add on fp32"
 
@@ -74,3 +80,15 @@ def test_the_gluon_decode_tile_is_audited(audit):
     for name in names:
         assert audit[name]["wgmma"] and audit[name]["tma"], f"{name}: no wgmma or no TMA"
         assert not audit[name]["float_atomics"], f"{name}: {audit[name]['float_atomics']}"
+
+
+def test_fp8_kernels_are_audited_and_multiply_e4m3_on_wgmma(audit):
+    # Bits: below 64 rows Triton lowers an e4m3 tl.dot to mma.sync on float16 operands, another product than the
+    # e4m3 wgmma every other tile uses (kernels/configs.py matmul_fp8), so every FP8 GEMM config must stay on wgmma.
+    gemms = [n for n in audit if n.startswith("fp8_matmul")]
+    rows = TILE_CONFIGS["matmul_fp8"]["config"]
+    assert len(gemms) == len(rows) + 1 + 3 * sum(row[7] for row in rows)
+    for name in gemms:
+        assert audit[name]["wgmma_e4m3"] and not audit[name]["mma_sync"], f"{name}: not an e4m3 wgmma product"
+        assert audit[name]["cp_async"], f"{name}: loads not pipelined"
+    assert {f"fp8_quant act={a}" for a in range(3)} <= set(audit)

@@ -143,6 +143,7 @@ NON_DEFAULT_FLAGS = {
     "async_scheduling": ["--no-async-scheduling"],
     "seed": ["--seed", "7"], "max_waiting": ["--max-waiting", "5"],
     "tensor_parallel_size": ["--tensor-parallel-size", "2"], "all_reduce": ["--all-reduce", "native"],
+    "quantization": ["--quantization", "fp8"],
     "host": ["--host", "0.0.0.0"], "port": ["--port", "9"], "api_keys": ["--api-key", "a", "--api-key", "b"],
     "served_model_name": ["--served-model-name", "s"], "max_n": ["--max-n", "2"], "max_logprobs": ["--max-logprobs", "3"],
     "max_prompts": ["--max-prompts", "4"], "max_stop": ["--max-stop", "5"], "max_body_bytes": ["--max-body-bytes", "6"],
@@ -152,37 +153,40 @@ NON_DEFAULT_FLAGS = {
     "default_max_tokens": ["--default-max-tokens", "12"], "allow_special_tokens": ["--allow-special-tokens"],
     "timeout_header": ["--timeout-header", "1.5"], "timeout_body": ["--timeout-body", "2.5"],
     "max_connections": ["--max-connections", "13"], "engine_process": ["--engine-process"],
-    "data_parallel_backend": ["--data-parallel-backend", "ray"], "ray_address": ["--ray-address", "10.0.0.1:6379"],
+    "tool_call_parser": ["--tool-call-parser", "hermes"],
+    "data_parallel_backend": ["--data-parallel-backend", "ray"], "ray_address": ["--ray-address", "auto"],
     "long_prefill_token_threshold": ["--long-prefill-token-threshold", "0"],
     "max_num_partial_prefills": ["--max-num-partial-prefills", "3"],
     "max_long_partial_prefills": ["--max-long-partial-prefills", "2"], "timeout_write": ["--timeout-write", "3.5"],
     "api_key_file": ["--api-key-file", "keys.txt"], "max_engine_restarts": ["--max-engine-restarts", "0"],
 }
-# Set alone: replicas need tensor_parallel_size 1, which the flags above leave.
-ALONE_FLAGS = {"data_parallel_size": ["--data-parallel-size", "2"]}
+# Fields whose non-default value the ones above exclude (several replicas need tensor_parallel_size=1): a second run.
+OTHER_FLAGS = {"data_parallel_size": ["--data-parallel-size", "2"]}
 
 
-def test_every_config_field_is_reachable_from_serve_flags(monkeypatch, tmp_path):
+def _serve_config(monkeypatch, flags: dict):
     import samebits.server.serve as serve_mod
     from samebits.cli import app
 
     seen = []
     monkeypatch.setattr(serve_mod, "serve", seen.append)
+    result = CliRunner().invoke(app, ["serve", *[a for f in flags.values() for a in f]])
+    assert result.exit_code == 0, result.output
+    return seen[0]
+
+
+def test_every_config_field_is_reachable_from_serve_flags(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "keys.txt").write_text("# the key file\nk1\n")
     fields = {f.name for f in dataclasses.fields(ServerConfig)} - {"engine"}
-    assert set(NON_DEFAULT_FLAGS) | set(ALONE_FLAGS) == fields | {f.name for f in dataclasses.fields(EngineConfig)}
-    for flags in ALONE_FLAGS.values():
-        result = CliRunner().invoke(app, ["serve", *flags])
-        assert result.exit_code == 0, result.output
-        assert seen.pop().engine.data_parallel_size == 2
-    result = CliRunner().invoke(app, ["serve", *[a for flags in NON_DEFAULT_FLAGS.values() for a in flags]])
-    assert result.exit_code == 0, result.output
-    [config] = seen
+    assert set(NON_DEFAULT_FLAGS) | set(OTHER_FLAGS) == fields | {f.name for f in dataclasses.fields(EngineConfig)}
     default = ServerConfig()
-    for name in NON_DEFAULT_FLAGS:
-        holder, base = (config.engine, default.engine) if name not in fields else (config, default)
-        assert getattr(holder, name) != getattr(base, name), name
+    for flags in (NON_DEFAULT_FLAGS, OTHER_FLAGS):
+        config = _serve_config(monkeypatch, flags)
+        for name in flags:
+            holder, base = (config.engine, default.engine) if name not in fields else (config, default)
+            assert getattr(holder, name) != getattr(base, name), name
+    config = _serve_config(monkeypatch, NON_DEFAULT_FLAGS)
     assert config.api_keys == ("a", "b") and config.engine.block_size == 32 and config.engine.seed == 7
 
 

@@ -107,3 +107,22 @@ def test_serve_exits_with_status_1_when_the_engine_is_lost(monkeypatch):
     result = CliRunner().invoke(app, ["serve", "--max-engine-restarts", "3"])
     assert result.exit_code == 1 and result.output.count("\n") == 1 and "after 3 restart(s)" in result.output
     assert CliRunner().invoke(app, ["serve", "--max-engine-restarts", "-1"]).exit_code == 2
+
+
+class Fleet:
+    """A fleet's surface (samebits/fleet/engine.py): no on_dead, no restart; `restarting` while its replicas come back."""
+
+    def __init__(self):
+        self.healthy, self.restarting = True, False
+
+
+def test_a_fleet_is_read_not_restarted():
+    """A fleet brings its own replicas back: the supervisor hooks nothing on it and says `starting` while every replica
+    is down and one is coming back; control: down with none coming back is dead."""
+    fleet = Fleet()
+    supervisor = EngineSupervisor(fleet, max_restarts=0)
+    assert supervisor.status == OK and not hasattr(fleet, "on_dead")
+    fleet.healthy, fleet.restarting = False, True
+    assert supervisor.status == STARTING
+    fleet.restarting = False
+    assert supervisor.status == DEAD and supervisor.gave_up is None

@@ -18,6 +18,14 @@ def device_name(device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
+def weights_dtype(model):
+    """The dtype a model's decode streams its weights in: an FP8 model's linears are e4m3, for which no peaks are
+    measured (its roofline is n/a, not the bf16 one)."""
+    import torch
+
+    return torch.float8_e4m3fn if model.recipe is not None else model.dtype
+
+
 def workload_bound(config: ModelConfig, work: Workload, dtype, device, max_num_seqs: int) -> dict:
     """Seconds the workload cannot beat here (None with a `reason` where this device's peaks are unknown)."""
     import torch

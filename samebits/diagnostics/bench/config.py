@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from samebits.diagnostics.bench.shapes import SHAPES
+from samebits.dtypes import check_quantization
 from samebits.engine.config import SEED_LIMIT
 from samebits.modes import MODES
 
@@ -47,6 +48,7 @@ class BenchConfig:
     # One untimed pass of the whole workload first, the prefix cache emptied after it: compiled kernels and captured
     # graphs are then those of a server that has run a while (a cold pass pays Triton's compiles in its steps).
     warm: bool = False
+    quantization: str | None = None  # serve's --quantization (docs/FP8.md): the model's linears in FP8
 
     def __post_init__(self) -> None:
         if self.model is not None and self.random_shape is not None:
@@ -61,6 +63,10 @@ class BenchConfig:
         _int_in("rerun_alone", self.rerun_alone, 0, self.requests)
         _int_in("seed", self.seed, 0, SEED_LIMIT - 1)
         _int_in("max_num_batched_tokens", self.max_num_batched_tokens, 1, MAX_TOKENS)
+        try:
+            check_quantization(self.quantization)
+        except ValueError as e:
+            raise ValueError(f"--{e}") from None
         if not isinstance(self.warm, bool):
             raise ValueError(f"--warm is a switch, got {self.warm!r}")  # noqa: TRY004 - the CLI reports ValueErrors
 

@@ -10,7 +10,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-from samebits.diagnostics.bench.bound import of_roofline, workload_bound
+from samebits.diagnostics.bench.bound import of_roofline, weights_dtype, workload_bound
 from samebits.diagnostics.bench.config import MAX_NUM_BATCHED_TOKENS, BenchConfig
 from samebits.diagnostics.bench.invariance import alone_vs_loaded, picks
 from samebits.diagnostics.bench.load import run_load
@@ -85,8 +85,8 @@ def load(config: BenchConfig, device: str):
     from samebits.models.hub import DEFAULT_MODEL
 
     if config.random_shape is not None:
-        return random_shape_model(config.random_shape, device)
-    return load_model(config.model or DEFAULT_MODEL, config.modes[0], device)
+        return random_shape_model(config.random_shape, device, config.quantization)
+    return load_model(config.model or DEFAULT_MODEL, config.modes[0], device, quantization=config.quantization)
 
 
 def bench_workload(config: BenchConfig, model_config) -> Workload:
@@ -127,7 +127,7 @@ def _header(config: BenchConfig, loaded, work: Workload, device: str) -> dict:
     return {"schema": SCHEMA_VERSION, "config": dataclasses.asdict(config), "model": loaded.name, "device": device,
             "workload": {"requests": len(work), "prompt_tokens": sum(map(len, work.prompts)),
                          "output_tokens": sum(work.max_tokens)},
-            "roofline": workload_bound(loaded.config, work, loaded.model.dtype, device, MAX_NUM_SEQS),
+            "roofline": workload_bound(loaded.config, work, weights_dtype(loaded.model), device, MAX_NUM_SEQS),
             "modes": {}, "fingerprints": {}}
 
 

@@ -6,6 +6,7 @@ import os
 import sys
 
 from samebits.diagnostics.check.config import APIS, EXPERIMENTS, CheckConfig
+from samebits.diagnostics.check.constrained import CONSTRAINED
 from samebits.diagnostics.check.runner import run
 
 DEFAULTS = CheckConfig("http://defaults")
@@ -46,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-requests", type=int, default=DEFAULTS.max_requests)
     p.add_argument("--max-wall-s", type=float, default=DEFAULTS.max_wall_s)
     p.add_argument("--request-timeout-s", type=float, default=DEFAULTS.request_timeout_s)
+    p.add_argument("--constrained", choices=CONSTRAINED, default=DEFAULTS.constrained,
+                   help="structured output on every request: json (response_format, a JSON schema) or mixed (vLLM's "
+                        "structured_outputs: JSON schema, regex, choice or none, by prompt)")
     p.add_argument("--retries", type=int, default=DEFAULTS.retries, help="retries of a 429/503, with backoff")
     p.add_argument("--json", dest="json_path", help="write the report as JSON")
     p.add_argument("--html", dest="html_path", help="write a self-contained HTML report")

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from samebits.diagnostics.check.constrained import CONSTRAINED
+
 EXPERIMENTS = ("needle", "sampled", "prefix", "prefill", "repeat")
 APIS = ("completions", "chat")
 
@@ -38,12 +40,16 @@ class CheckConfig:
     max_wall_s: float = 900.0
     request_timeout_s: float = 120.0
     retries: int = 4
+    # Structured output on every request (constrained.py): none, json (response_format) or mixed (vLLM's).
+    constrained: str = "none"
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
         if self.api not in APIS:
             raise ValueError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
+        if self.constrained not in CONSTRAINED:
+            raise ValueError(f"constrained must be one of {', '.join(CONSTRAINED)}, got {self.constrained!r}")
         self._check_experiments()
         self._check_sizes()
         self._check_numbers()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from samebits.diagnostics.check.client import CheckError, Client, Reply
 from samebits.diagnostics.check.compare import GroupStats
 from samebits.diagnostics.check.config import CheckConfig
+from samebits.diagnostics.check.constrained import constraint_fields
 from samebits.diagnostics.check.sample import NoLogprobs, Sample, parse_chat, parse_completion
 
 STATUSES = ("clean", "variant", "skipped", "incomplete", "error")
@@ -73,7 +74,8 @@ class Session:
     def request(self, prompt: str | list[int], *, temperature: float = 0.0, seed: int | None = None,
                 max_tokens: int | None = None, **extra) -> Request:
         common = {"model": self.model, "max_tokens": max_tokens or self.cfg.max_tokens, "temperature": temperature,
-                  **({} if seed is None else {"seed": seed}), **extra}
+                  **({} if seed is None else {"seed": seed}), **constraint_fields(self.cfg.constrained, prompt),
+                  **extra}
         if self.cfg.api == "chat":
             return Request("/chat/completions", {"messages": [{"role": "user", "content": prompt}],
                                                  "logprobs": True, "top_logprobs": 1, **common})

@@ -7,6 +7,8 @@
   invariant only where their vector body and their scalar tail agree: torch's sigmoid/silu do not (a tail element gets
   other bits, and where a tail falls follows the tensor's size and the thread split), so silu is spelled out with exp,
   which agrees (measured: tests/kernels/test_cpu_invariance.py).
+- Mixtures of experts: one expert at a time through the proven `linear` (kernels/moe.py `experts_by_loop`), so a
+  token's expert output is that of the rows it landed among in a proven block, whatever the expert's load.
 - Attention: the two-pass tiled kernel of `attention.py`; RoPE, KV writes and Philox are the torch ops of kernels/
   (elementwise, copies, integer arithmetic: invariant as written).
 Ops that drop-in mode overrides are called here only through forms it leaves alone (out= overloads, other ops).
@@ -15,9 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from samebits.kernels import common
+from samebits.kernels import common, moe
 from samebits.kernels.attention import run_checked
 from samebits.kernels.cpu.attention import paged_attention_cpu
+from samebits.kernels.cpu.fp8 import linear_fp8  # noqa: F401 - an op of this backend (ops.OPS)
 from samebits.kernels.cpu.gemm import blocked_gemm
 from samebits.kernels.cpu.reduce import tree_sum
 from samebits.kernels.kv_cache import write_kv  # noqa: F401 - ops of this backend (ops.OPS)
@@ -128,3 +131,15 @@ def silu_and_mul(x):
 
 def attention(q, k_cache, v_cache, meta, scale):
     return run_checked(paged_attention_cpu, "deterministic", q, k_cache, v_cache, meta, scale)
+
+
+def moe_topk(scores, k):
+    """The k highest scores per row, ties to the lower expert index (an exact order: kernels/moe.py)."""
+    common.require("moe_topk", scores)
+    return moe.topk_ids(scores, k)
+
+
+def moe_experts(x, w13, w2, ids, weights):
+    moe.check_experts(x, w13, w2, ids, weights)
+    common.require("moe_experts", x, w13, w2)
+    return moe.experts_by_loop(x, w13, w2, ids, weights, linear, silu_and_mul)

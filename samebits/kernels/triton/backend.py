@@ -2,12 +2,14 @@
 and for linears whose weight shape passed its self-test the proven cuBLASLt route (kernels/vendor_gemm.py)."""
 from __future__ import annotations
 
-from samebits.kernels import common, kv_cache, vendor_gemm
+from samebits.kernels import common, fp8, kv_cache, moe, vendor_fp8, vendor_gemm
 from samebits.kernels import rope as torch_rope
 from samebits.kernels.attention import run_checked
 from samebits.kernels.triton import activation as tri_activation
 from samebits.kernels.triton import attention as tri_attention
+from samebits.kernels.triton import fp8 as tri_fp8
 from samebits.kernels.triton import matmul as tri_matmul
+from samebits.kernels.triton import moe as tri_moe
 from samebits.kernels.triton import norms, reduce
 from samebits.kernels.triton import softmax as tri_softmax
 from samebits.kernels.triton.kv_write import write_kv as tri_write_kv
@@ -24,6 +26,17 @@ def linear(x, weight, bias=None):
     if vendor_gemm.eligible(x2, weight, bias):
         return vendor_gemm.lt_linear(x2, weight).reshape(*x.shape[:-1], weight.shape[0])
     return tri_matmul.linear(x, weight, bias)
+
+
+def linear_fp8(x, weight, scale, recipe, input_scale=None, bias=None):
+    """x [..., K], weight [N, K] e4m3 with its scales (kernels/fp8.py) -> [..., N] in x.dtype; the per-tensor dynamic
+    recipe refused. The proven vendor GEMM where its self-test passed for the shape, else the Triton kernels."""
+    fp8.check_linear_fp8(x, weight, scale, recipe, input_scale, bias)
+    fp8.refuse_variant(recipe, "linear_fp8")
+    x2 = x.reshape(-1, x.shape[-1])
+    if vendor_fp8.eligible(x2, weight, recipe, bias):
+        return vendor_fp8.linear(x2, weight, scale, recipe, input_scale).reshape(*x.shape[:-1], weight.shape[0])
+    return tri_fp8.linear_fp8(x, weight, scale, recipe, input_scale, bias)
 
 
 def linear_partials(x, weights):
@@ -105,3 +118,15 @@ def _fixed_tiles(q, k_cache, v_cache, meta, scale):
 def attention(q, k_cache, v_cache, meta, scale):
     return run_checked(_fixed_tiles, "deterministic", q, k_cache, v_cache, meta, scale,
                        head_dims=tri_attention.HEAD_DIMS)
+
+
+def moe_topk(scores, k):
+    """The k highest scores per row, ties to the lower expert index (an exact order: kernels/moe.py)."""
+    common.require("moe_topk", scores)
+    return moe.topk_ids(scores, k)
+
+
+def moe_experts(x, w13, w2, ids, weights):
+    """Tokens sorted by expert, gate/up + SiLU and down in fixed K order, rank-order combine (triton/moe.py)."""
+    common.require("moe_experts", x, w13, w2)
+    return tri_moe.fused_experts(x, w13, w2, ids, weights)

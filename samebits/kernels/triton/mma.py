@@ -26,3 +26,16 @@ def mma(a, b, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     else:
         out = tl.dot(a, b, acc, input_precision=PRECISION)
     return out
+
+
+@triton.jit
+def mma_fp8(a, b, UPCAST: tl.constexpr):
+    # a @ b of e4m3 tiles from a zero float32 accumulator: one K step of the FP8 GEMM (kernels/triton/fp8.py). On the
+    # GPU the e4m3 wgmma, every accumulation of the step in the tensor cores' own precision (max_num_imprecise_acc =
+    # the step's K: no float32 promotion inside a step, whatever Triton's default); UPCAST (the interpreter): the
+    # exact e4m3 values as float32, summed in K order as `mma` does.
+    if UPCAST:
+        out = mma(a.to(tl.float32), b.to(tl.float32), None, True, "ieee")
+    else:
+        out = tl.dot(a, b, out_dtype=tl.float32, max_num_imprecise_acc=a.shape[1])
+    return out
