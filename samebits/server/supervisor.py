@@ -32,6 +32,7 @@ class EngineSupervisor:
         self.on_give_up = on_give_up
         self.restarts = 0  # restarts tried, whether or not the engine came back
         self.gave_up: str | None = None  # why, once it has
+        self.last_restart_s: float | None = None  # the last restart's spawn and load, in seconds
         self._restarting = False
         self._task: asyncio.Task | None = None
         if hasattr(async_engine, "on_dead"):
@@ -78,6 +79,7 @@ class EngineSupervisor:
             return
         self._restarting = False
         self.restarts += 1
+        self.last_restart_s = seconds
         log.info("the engine process serves again after %.1f s, fingerprint %s unchanged", seconds,
                  self.ae.engine.fingerprint()["hash"])
 

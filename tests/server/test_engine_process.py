@@ -207,14 +207,15 @@ def test_update_weights_through_the_engine_process(pair, tmp_path):
     assert refused.status_code == 400 and "old weights kept" in refused.json()["error"]["message"]
 
 
-def _kill_mid_stream(live: LiveServer) -> list[str]:
-    """SIGKILL the engine process while a stream runs; the stream's events."""
+def _kill_mid_stream(live: LiveServer) -> tuple[list[str], float]:
+    """SIGKILL the engine process while a stream runs; the stream's events and the time of the kill."""
     body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 200, "stream": True, "ignore_eos": True}
     with live.client(timeout=30) as http, http.stream("POST", "/v1/completions", json=body, headers=AUTH) as r:
         lines = r.iter_lines()
         next(lines)
         os.kill(live.async_engine.process.pid, signal.SIGKILL)
-        return [ln.removeprefix("data: ") for ln in lines if ln]
+        killed = time.monotonic()
+        return [ln.removeprefix("data: ") for ln in lines if ln], killed
 
 
 def test_a_killed_engine_process_is_restarted_with_the_same_fingerprint(doomed, pair, caplog, monkeypatch):
@@ -228,7 +229,7 @@ def test_a_killed_engine_process_is_restarted_with_the_same_fingerprint(doomed, 
     seeded = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 6, "temperature": 0.8, "seed": 3, "logprobs": 1}
     before = _post(live, "/v1/completions", seeded).json()
     with caplog.at_level(logging.INFO, "samebits.server"):
-        events = _kill_mid_stream(live)
+        events, killed = _kill_mid_stream(live)
         assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "engine_dead"
         wait_for(lambda: supervisor.status == "starting", 5)
         deaths = [r.getMessage() for r in caplog.records if "died" in r.getMessage()]
@@ -239,9 +240,13 @@ def test_a_killed_engine_process_is_restarted_with_the_same_fingerprint(doomed, 
             assert http.get("/ready").status_code == 503
             r = http.post("/v1/completions", json=seeded, headers=AUTH)
             assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
-        started = time.monotonic()
         wait_for(lambda: supervisor.status == "ok", 120)
-        assert time.monotonic() - started < 2 * load_s + 5, (time.monotonic() - started, load_s)
+        # Serving again as soon as the new process has loaded (no back-off): from the kill to "ok" is the restart's
+        # own spawn and load, which on an idle machine is the first load's (on a shared CPU it varies, so the bound
+        # is loose).
+        waited = time.monotonic() - killed
+        assert waited < supervisor.last_restart_s + 3 and supervisor.last_restart_s < 4 * load_s + 10, (
+            waited, supervisor.last_restart_s, load_s)
     after = _post(live, "/v1/completions", seeded)
     assert after.status_code == 200 and _strip(after.json()) == _strip(before), "same fingerprint, same bits"
     with live.client() as http:
