@@ -87,3 +87,20 @@ def test_admin_needs_the_key(locked, server):
         assert r.status_code == 403 and r.json()["error"]["code"] == "admin_disabled"
         assert "--api-key," in r.json()["error"]["message"] and "SAMEBITS_API_KEY" in r.json()["error"]["message"]
         assert http.get("/admin/weights").status_code == 403
+
+
+def test_an_admin_route_that_fails_unexpectedly_answers_openai_json(locked, tmp_path, monkeypatch):
+    """What the admin code does not foresee (here a reader that raises a bare error) is a JSON 500 with the request
+    id, not Starlette's text/plain; the old weights keep serving. Control: the malformed-file case above is a 400."""
+    from samebits.server import admin
+
+    def broken(path, dtype):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(admin, "_read_tensors", broken)
+    with locked.client() as http:
+        before = complete(http)
+        r = http.post("/admin/update_weights", json={"path": str(tmp_path)}, headers={**AUTH, "x-request-id": "t-9"})
+        assert r.status_code == 500 and r.headers["content-type"] == "application/json" and r.headers["x-request-id"] == "t-9"
+        assert r.json()["error"]["code"] == "internal_error" and "disk on fire" not in r.text, "no internals leak"
+        assert complete(http)["choices"] == before["choices"]
