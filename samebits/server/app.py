@@ -153,7 +153,7 @@ def _probe(state: ServerState, ready: bool) -> Response:
     if status == DEAD:
         return error_response(engine_dead())
     if status == STARTING:
-        body = {"status": STARTING, "restarts": state.supervisor.restarts}
+        body = {"status": STARTING, "restarts": state.supervisor.restarts, **state.ae.health()}  # a fleet's replicas
         return json_response(body, {"Retry-After": str(RETRY_AFTER_S)}, 503 if ready else 200)
     return json_response({"status": OK, **state.ae.health()}, {})
 
