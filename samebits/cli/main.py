@@ -350,7 +350,7 @@ SERVE_HELP = {
     "api_keys": "Accepted bearer key (repeat for several). Visible in `ps`: prefer --api-key-file or the "
                 "SAMEBITS_API_KEY environment variable, which are accepted too.",
     "api_key_file": "File of accepted bearer keys, one a line (# comments and blank lines skipped).",
-    "long_prefill_token_threshold": "While others run or wait, one prefill takes at most this many tokens of a step "
+    "long_prefill_token_threshold": "While other requests wait, one prefill takes at most this many tokens of a step "
                                     "(default: half of --max-num-batched-tokens; 0: no cap).",
     "max_num_partial_prefills": "Prefills that span steps at once; a prompt that would start another waits.",
     "max_long_partial_prefills": "Of those, prompts longer than --long-prefill-token-threshold; a shorter prompt "

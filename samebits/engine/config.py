@@ -48,9 +48,9 @@ class EngineConfig:
     dtype: str | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    # Prefill fairness under policy "dynamic" (engine/scheduler/prefills.py), vLLM's names: while others run or wait,
-    # one prefill chunk takes at most long_prefill_token_threshold tokens of a step (None: half the budget; 0: no
-    # cap), and at most max_num_partial_prefills prefills span steps at once, max_long_partial_prefills of them longer
+    # Prefill fairness under policy "dynamic" (engine/scheduler/prefills.py), vLLM's names: while others wait that
+    # could use the rest, one prefill chunk takes at most long_prefill_token_threshold tokens of a step (None: half
+    # the budget; 0: no cap), and at most max_num_partial_prefills prefills span steps at once, max_long_partial_prefills of them longer
     # than the threshold. Which rows run together only: the bits never depend on them.
     long_prefill_token_threshold: int | None = None
     max_num_partial_prefills: int = 1

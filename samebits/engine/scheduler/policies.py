@@ -42,9 +42,9 @@ def step_kind(scheduled: list[ScheduledSeq]) -> str:
 class DynamicPolicy:
     """vLLM-v1 style unified step. Running sequences first (oldest first), one chunk each: a decode is 1 token, a
     prefill (or a recompute after preemption) takes what the budget leaves, less a token for each decode after it,
-    and while others run or wait at most the long-prefill cap (prefills.py); then waiting sequences are admitted FCFS,
-    passing over one that would start a partial prefill beyond the limits. So a decode always gets its token, even
-    behind an older sequence's prefill, and a short prompt behind a long one starts at the next step. Iterating in
+    and at most the long-prefill cap (prefills.py) while someone could use the rest; then waiting sequences are
+    admitted FCFS, passing over one that would start a partial prefill beyond the limits. So a decode always gets its
+    token, even behind an older sequence's prefill, and a short prompt behind a long one starts at the next step. Iterating in
     arrival order keeps preemption safe: the victim (the latest arrival) is never a sequence already scheduled in this
     step."""
 
@@ -58,7 +58,7 @@ class DynamicPolicy:
     def plan(self, sched: Planner, preempted: list[Sequence]) -> Plan:
         budget, scheduled = self.budget, []
         running = list(sched.running)
-        cap = self.cap if len(running) + len(sched.waiting) > 1 else 0  # a lone sequence takes the whole budget
+        cap = self._cap_for(sched)
         for seq, decodes_after in zip(running, _decodes_after(running)):
             if budget == 0:
                 break
@@ -77,6 +77,20 @@ class DynamicPolicy:
             scheduled.append(item)
             budget -= item.num_new_tokens
         return Plan(scheduled, step_kind(scheduled))
+
+    def _cap_for(self, sched: Planner) -> int:
+        """The cap while the budget it leaves can go to someone: another running prefill, or a waiting sequence
+        that would finish its prefill in one chunk or that the partial-prefill limits let start beside the prefills
+        that the cap keeps partial. Else 0: a prefill beside decodes only (each keeps its token
+        anyway) or beside long prompts the limits pass over takes the whole budget, not half of an empty step."""
+        prefills, others = [s for s in sched.running if s.in_prefill], list(sched.waiting)
+        if not prefills and others:
+            prefills.append(others.pop(0))  # the oldest waiting sequence takes this step's first prefill chunk
+        if not self.cap or len(prefills) > 1:
+            return self.cap
+        staying = PartialPrefills(self.limits, self.cap, [s for s in prefills if s.num_uncomputed > self.cap])
+        usable = any(staying.may_start(w, w.num_uncomputed, min(w.num_uncomputed, self.cap)) for w in others)
+        return self.cap if usable else 0
 
 
 def _chunk(remaining: int, budget: int, cap: int) -> int:

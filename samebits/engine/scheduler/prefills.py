@@ -1,7 +1,8 @@
 """Prefill fairness: a short prompt is not held behind a long one's prefill (vLLM's knobs, the dynamic policy's use).
 
-While other sequences run or wait, one prefill chunk takes at most `long_prefill_token_threshold` tokens of a step,
-so the rest of the budget goes to decodes and to newcomers every step. A prefill that spans steps is a *partial*
+While another sequence waits that could use the rest of the step (or another prefill runs), one prefill chunk takes
+at most `long_prefill_token_threshold` tokens of a step, so newcomers get budget every step; decodes keep their token
+in any case (policies.py). A prefill that spans steps is a *partial*
 prefill: at most `max_num_partial_prefills` of them run at once, and of those at most `max_long_partial_prefills`
 are longer than the threshold, so a waiting long prompt is passed over (it waits for the current one) while a prompt
 that finishes its prefill in the step is admitted at once. Like every scheduling choice this changes only which rows
@@ -28,7 +29,7 @@ class PrefillLimits:
                    config.max_long_partial_prefills)
 
     def cap(self, budget: int) -> int:
-        """Tokens one prefill chunk may take of a step while others run or wait; 0: no cap."""
+        """Tokens one prefill chunk may take of a step while others could use the rest; 0: no cap."""
         return max(1, budget // 2) if self.threshold is None else self.threshold
 
 

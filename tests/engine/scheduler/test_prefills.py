@@ -54,9 +54,11 @@ def test_a_short_request_behind_an_8000_token_prompt_starts_at_the_next_step(thr
     assert long.finish_reason == short.finish_reason == "length"
 
 
-def test_decodes_keep_their_token_behind_an_older_prefill():
-    """A short request admitted beside a long prefill decodes next to it every step, with the long prompt capped."""
-    sched, long = _long_prefill_scheduler(None)
+def test_decodes_keep_their_token_and_the_cap_holds_only_while_someone_waits():
+    """A short request admitted beside a long prefill decodes next to it every step. The long prompt is capped while
+    the short one waits to start, then takes the budget less the decode's token (vLLM caps "when others wait": a
+    decode needs one token, which it keeps anyway)."""
+    sched, _ = _long_prefill_scheduler(None)
     runner = FakeRunner(sched)
     finish_step(sched, out := sched.schedule(), runner.run(out))
     (short,) = add(sched, "short", [5, 6], max_tokens=5, ignore_eos=True)
@@ -65,8 +67,30 @@ def test_decodes_keep_their_token_behind_an_older_prefill():
         out = sched.schedule()
         chunks.append([(x.seq.request_id, x.num_new_tokens) for x in out.scheduled])
         finish_step(sched, out, runner.run(out))
-    assert chunks == [[("long", 1024), ("short", 2)]] + [[("long", 1024), ("short", 1)]] * 4
-    assert long.in_prefill
+    rest = LONG - BUDGET - BUDGET // 2 - 2 * (BUDGET - 1)
+    assert chunks == [[("long", BUDGET // 2), ("short", 2)], [("long", BUDGET - 1), ("short", 1)],
+                      [("long", BUDGET - 1), ("short", 1)], [("long", rest), ("short", 1)], [("long", 1), ("short", 1)]]
+
+
+@pytest.mark.parametrize("always", [False, True], ids=["default", "cap-always"])
+def test_a_burst_of_long_prompts_fills_every_step(monkeypatch, always):
+    """Four 8,000-token prompts at once: one is partly prefilled at a time (the limits pass the others over), so the
+    cap, which would leave half of each step to nobody, is not applied: every step but the last is the whole budget,
+    as with no cap. Negative control: a cap applied whenever others wait leaves steps of half the budget."""
+    sched = make(num_blocks=8200, block_size=4, max_model_len=LONG + 64, max_num_batched_tokens=BUDGET,
+                 prefill=PrefillLimits())
+    if always:
+        monkeypatch.setattr(sched.policy, "_cap_for", lambda planner: sched.policy.cap)
+    seqs = [s for i in range(4) for s in add(sched, f"r{i}", [1 + (i + j) % 37 for j in range(LONG)], max_tokens=1)]
+    runner, sizes = FakeRunner(sched), []
+    while any(s.num_generated == 0 for s in seqs):
+        out = sched.schedule()
+        sizes.append(out.num_batched_tokens)
+        finish_step(sched, out, runner.run(out))
+    if always:
+        assert sizes.count(BUDGET // 2) > 8, sizes
+    else:
+        assert sizes[:-1] == [BUDGET] * (len(sizes) - 1) and len(sizes) == -(-4 * LONG // BUDGET), sizes
 
 
 @pytest.mark.parametrize("max_long", [1, 2])
