@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU proof in one call (device machine: image python, samebits and carried wheels by scripts/device_env.sh).
 # Usage: bash scripts/gpu_proof.sh [tests|tests-kernels|tests-others|tests-ids|probe|kernels|attention|pages|repro-2g|variants|variants-prefill|gemm-decode|mma-roles|e2e|server|server-process|steps|steps-tile|steps-norm|steps-gluon|gluon-decode|mixed|rl|tp1|
-#   tests-fp8-kernels|tests-fp8-models|tests-structured|tests-train|tests-spec|spec-quick|spec|fp8|fp8-sweep|e2e-fp8|steps-fp8|moe-tests|e2e-qwen3moe|e2e-mixtral ...];
+#   tests-fp8-kernels|tests-fp8-models|tests-structured|tests-train|tests-spec|spec-quick|spec|fp8|fp8-sweep|e2e-fp8|steps-fp8|moe-tests|e2e-qwen3moe|e2e-mixtral|fairness ...];
 # results under $OUT. With no step named it runs tests probe kernels attention e2e (~25 min): name the steps.
 # tests-kernels and tests-others are the two halves of tests, each under one call's 10 minutes with a cold Triton cache.
 # tests-ids runs the GPU tests named in scripts/_gpu_test_ids.txt (untracked, it travels: a run's tail after a time limit).
@@ -97,6 +97,7 @@ for step in $steps; do
     gluon-decode) timeout 400 python3 scripts/gluon_decode_probe.py "$OUT" ;;
     steps1) python3 -m samebits.benchmarks.steps --out "$OUT" --batches 1 ;;
     mixed) python3 -m samebits.benchmarks.mixed --out "$OUT" ;;
+    fairness) python3 -m samebits.benchmarks.fairness --shape 8b --out "$OUT/fairness" ;;
     rl) python3 -m samebits.benchmarks.rl --out "$OUT" ;;
     tp1) python3 -m samebits.benchmarks.tp --device cuda --shape 8b --tp 1 --modes deterministic,invariant --graphs --out "$OUT" ;;
     check) for mode in deterministic fast; do check_endpoint "$mode"; done ;;

@@ -382,7 +382,18 @@ SERVE_HELP = {
     "timeout_keep_alive": "Seconds an idle keep-alive connection stays open.",
     "log_level": "critical, error, warning, info, debug or trace.",
     "policy": "dynamic or bucketed (seed §6.1-6.2's shape buckets and fixed batch windows).",
-    "api_keys": "Accepted bearer key, repeat for several (default: none, no key asked).",
+    "api_keys": "Accepted bearer key (repeat for several). Visible in `ps`: prefer --api-key-file or the "
+                "SAMEBITS_API_KEY environment variable, which are accepted too (default: none, no key asked).",
+    "api_key_file": "File of accepted bearer keys, one a line (# comments and blank lines skipped; default: none).",
+    "long_prefill_token_threshold": "While other requests wait, one prefill takes at most this many tokens of a step "
+                                    "(default: half of --max-num-batched-tokens; 0: no cap).",
+    "max_num_partial_prefills": "Prefills that span steps at once; a prompt that would start another waits.",
+    "max_long_partial_prefills": "Of those, prompts longer than --long-prefill-token-threshold; a shorter prompt "
+                                 "behind a waiting long one starts first.",
+    "timeout_write": "Seconds a response may stay blocked on a client that reads nothing before it is cut and its "
+                     "request aborted.",
+    "max_engine_restarts": "Restarts of a dead engine process (same config and fingerprint); at the next death the "
+                           "server exits with status 1.",
     "served_model_name": "Names clients may send, one or several; the first is reported (default: the model's).",
     "chat_template": "A Jinja chat template file, or the template itself (default: the model's own).",
     "disable_log_requests": "No access log line per request.",
@@ -433,12 +444,13 @@ SERVE_GROUPS = {
               "tool_call_parser", "trust_remote_code"),
     "Engine": ("device", "policy", "max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_tokens",
                "gpu_memory_utilization", "enable_prefix_caching", "cuda_graphs", "enforce_eager", "async_scheduling",
-               "max_waiting", "tensor_parallel_size", "data_parallel_size", "data_parallel_backend", "ray_address",
-               "engine_process", "speculative_config"),
+               "max_waiting", "long_prefill_token_threshold", "max_num_partial_prefills",
+               "max_long_partial_prefills", "tensor_parallel_size", "data_parallel_size", "data_parallel_backend", "ray_address",
+               "engine_process", "max_engine_restarts", "speculative_config"),
     "Server": ("host", "port", "max_n", "max_logprobs", "max_prompts", "max_stop", "max_prompt_chars",
                "max_waiting_tokens", "default_max_tokens", "timeout_keep_alive", "timeout_header", "timeout_body",
-               "max_connections", "log_level", "disable_log_requests"),
-    "Security": ("api_keys", "allow_special_tokens", "max_body_bytes", "max_header_count", "max_header_bytes"),
+               "timeout_write", "max_connections", "log_level", "disable_log_requests"),
+    "Security": ("api_keys", "api_key_file", "allow_special_tokens", "max_body_bytes", "max_header_count", "max_header_bytes"),
     "Determinism": ("mode", "seed", "all_reduce"),
 }
 SERVE_GROUP_OF = {name: group for group, names in SERVE_GROUPS.items() for name in names}
@@ -461,7 +473,7 @@ SERVE_FLAGS = [CONTEXT, positional("model_arg", "MODEL", "Model name or path (or
 @with_flags(SERVE_FLAGS)
 def serve(values: dict):
     """The OpenAI-compatible HTTP server (same request, same bits, with numerics headers)."""
-    from samebits.server.serve import ServeError
+    from samebits.server.serve import EngineLost, ServeError
     from samebits.server.serve import serve as run_server
 
     ctx, model = values.pop("ctx"), values.pop("model_arg")
@@ -471,6 +483,8 @@ def serve(values: dict):
         values["model"] = model
     try:
         run_server(ServerConfig.from_dict(values))
+    except EngineLost as e:  # the supervisor's give-up: status 1, for systemd or Kubernetes to restart the server
+        fail(str(e), code=1)
     except (ValueError, ServeError, OSError) as e:  # bad flags, no template, no model: one line, no traceback
         fail(str(e))
 

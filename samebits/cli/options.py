@@ -10,9 +10,11 @@ import typing
 import typer
 from typer.core import TyperCommand
 
+from samebits.server.config import API_KEY_FLAG
+
 # Flags not spelled as their field: a repeatable one is named for one value (`--api-key A --api-key B` fills
 # `api_keys`); an output file's is its format's.
-FLAG_NAMES = {"api_keys": "--api-key", "json_path": "--json"}
+FLAG_NAMES = {"api_keys": API_KEY_FLAG, "json_path": "--json"}
 
 
 def field_flags(config, help: dict[str, str], skip: tuple[str, ...] = (),

@@ -139,6 +139,9 @@ class AsyncEngine:
         # (its StepProgress, its output or None when none was due, its stream, seconds since the stream's last
         # progress or None if this is its first).
         self.on_step: Callable[[float, list[tuple[StepProgress, Any, _Stream, float | None]]], None] | None = None
+        # on_dead(error): once, on the event loop, when the engine loop dies (not on shutdown): the server's
+        # supervisor (server/supervisor.py). Every waiter has been failed with EngineDead by then.
+        self.on_dead: Callable[[BaseException], None] | None = None
         self.stats: EngineStats | None = None
         self._idle_poll_s = idle_poll_s
         self._commands: collections.deque = collections.deque()
@@ -325,6 +328,7 @@ class AsyncEngine:
             self._fail_pending_commands()
             # Also on a clean shutdown: a request still waiting must hear that no output will come.
             self._post(self._fail_all, self.error or RuntimeError("the engine was shut down"))
+            self._post_death()
 
     def _step(self) -> None:
         outputs = self.engine.step()
@@ -363,6 +367,14 @@ class AsyncEngine:
         while self._commands:
             _, _, future = self._commands.popleft()
             _settle(future, error=EngineDead("the engine loop has stopped"))
+
+    def _post_death(self) -> None:
+        if self.error is not None:
+            self._post(self._report_death, self.error)
+
+    def _report_death(self, error: BaseException) -> None:
+        if self.on_dead is not None:
+            self.on_dead(error)
 
     def _refresh_stats(self) -> None:
         self.stats = self.engine.stats()

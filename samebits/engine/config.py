@@ -49,6 +49,13 @@ class EngineConfig:
     dtype: str | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
+    # Prefill fairness under policy "dynamic" (engine/scheduler/prefills.py), vLLM's names: while others wait that
+    # could use the rest, one prefill chunk takes at most long_prefill_token_threshold tokens of a step (None: half
+    # the budget; 0: no cap), and at most max_num_partial_prefills prefills span steps at once, max_long_partial_prefills of them longer
+    # than the threshold. Which rows run together only: the bits never depend on them.
+    long_prefill_token_threshold: int | None = None
+    max_num_partial_prefills: int = 1
+    max_long_partial_prefills: int = 1
     max_model_len: int | None = None
     block_size: int | None = None  # tokens per KV page; None: the device's (BLOCK_SIZES)
     kv_cache_tokens: int | None = None
@@ -110,6 +117,12 @@ class EngineConfig:
     def _check_sizes(self) -> None:
         _int_at_least("max_num_seqs", self.max_num_seqs, 1)
         _int_at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _int_at_least("long_prefill_token_threshold", self.long_prefill_token_threshold, 0, optional=True)
+        _int_at_least("max_num_partial_prefills", self.max_num_partial_prefills, 1)
+        _int_at_least("max_long_partial_prefills", self.max_long_partial_prefills, 1)
+        _require(self.max_long_partial_prefills <= self.max_num_partial_prefills,
+                 f"max_long_partial_prefills must be <= max_num_partial_prefills={self.max_num_partial_prefills}, got "
+                 f"{self.max_long_partial_prefills}")
         _int_at_least("max_model_len", self.max_model_len, 2, optional=True)
         _int_at_least("max_waiting", self.max_waiting, 1, optional=True)
         _int_at_least("data_parallel_size", self.data_parallel_size, 1)

@@ -11,8 +11,9 @@ The server reads the engine through `EngineView`: the tokenizer, the limits and 
 function, sampling_params.check_prompt), and the seed stream. The server draws every seed a request does not send
 before queueing it, so the stream lives here: the same `--seed` draws the same seeds as the thread backend.
 
-A child that dies (an exception, a signal) fails every waiter with EngineDead, its reason included; one that dies
-while loading fails the constructor. The child ignores Ctrl-C (the server's to handle) and ends with its pipe.
+A child that dies (an exception, a signal) fails every waiter with EngineDead, its reason included, and `restart()`
+starts another in its place (the server's supervisor decides when: server/supervisor.py); one that dies while
+loading fails the constructor. The child ignores Ctrl-C (the server's to handle) and ends with its pipe.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import multiprocessing.connection
 import pickle
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +37,7 @@ from samebits.engine.config import EngineConfig
 from samebits.engine.output_deltas import DeltaDecoder, DeltaEncoder
 from samebits.engine.sampling_params import check_prompt
 from samebits.engine.seeds import SeedStream
+from samebits.runtime.fingerprint import diff_fingerprints
 
 START_TIMEOUT_S = 1800.0  # an 8B model's random weights, route proofs and graph captures take minutes, not this
 STOP_TIMEOUT_S = 10.0
@@ -42,6 +45,16 @@ STOP_TIMEOUT_S = 10.0
 
 class EngineProcessError(RuntimeError):
     """The engine process failed or exited; the message says how."""
+
+
+class IdentityChanged(EngineProcessError):
+    """A restarted engine process has another fingerprint than the one it replaces; it cannot serve in its place."""
+
+    def __init__(self, fields: list[tuple[str, object, object]]):
+        self.fields = [name for name, _, _ in fields]
+        shown = "; ".join(f"{name}: served {ours!r}, restarted {theirs!r}" for name, ours, theirs in fields)
+        super().__init__(f"the restarted engine process has another numerics identity, so it would answer with other "
+                         f"bits; differing fields: {shown}")
 
 
 class EngineView:
@@ -80,24 +93,61 @@ class ProcessAsyncEngine(AsyncEngine):
         outputs with one, so the server's own CPU is measured without a model)."""
         if config.tensor_parallel_size > 1:  # the child is daemonic (it dies with the server): it cannot spawn ranks
             raise ValueError(f"engine_process needs tensor_parallel_size=1, got {config.tensor_parallel_size}")
-        ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
-        theirs_in, self._to_child = ctx.Pipe(duplex=False)
-        self._from_child, theirs_out = ctx.Pipe(duplex=False)
-        self.process = ctx.Process(target=child_main, args=(config, loaded, make_engine, theirs_in, theirs_out),
-                                   daemon=True, name="samebits-engine")
-        self.process.start()
-        theirs_in.close()
-        theirs_out.close()
-        try:
-            ready = self._wait_ready(start_timeout_s)
-        except BaseException:
-            self._end_child(0.0)
-            raise
+        self._child_args = (config, loaded, make_engine)
+        self._start_timeout_s = start_timeout_s
+        ready = self._spawn()
         super().__init__(EngineView(config, *ready), max_waiting, idle_poll_s, max_waiting_tokens)
         self._pending: dict[int, tuple] = {}  # command id -> (kind, args, future), until the child answers
         self._ids = itertools.count()
         self._decoder = DeltaDecoder()
         self._receiver: threading.Thread | None = None
+
+    def _spawn(self) -> tuple:
+        """Start a child on this engine's arguments and wait until its engine is ready: (info, tokenizer,
+        fingerprint, stats)."""
+        ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+        theirs_in, self._to_child = ctx.Pipe(duplex=False)
+        self._from_child, theirs_out = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=child_main, args=(*self._child_args, theirs_in, theirs_out), daemon=True,
+                                   name="samebits-engine")
+        self.process.start()
+        theirs_in.close()
+        theirs_out.close()
+        try:
+            return self._wait_ready(self._start_timeout_s)
+        except BaseException:
+            self._end_child(0.0)
+            raise
+
+    def restart(self) -> float:
+        """After the child died: start another with the same config and wait for it (the load time: call this off
+        the event loop), then serve on with it; returns the seconds it took. Its fingerprint must equal the one
+        served before, else IdentityChanged and the new child is ended: weights synced since the start
+        (update_weights) are not in the checkpoint a restart loads."""
+        if self.healthy or self._stopping:
+            raise RuntimeError("restart() is for an engine process that died, not one serving or shut down")
+        started = time.monotonic()
+        self._join_threads()
+        for end in (self._to_child, self._from_child):
+            end.close()
+        _, _, fingerprint, stats = self._spawn()
+        changed = diff_fingerprints(self.engine.fingerprint(), fingerprint)
+        if changed or self._stopping:
+            self._end_child(0.0)
+            if self._stopping:
+                raise EngineDead("the server shut down while the engine process restarted")
+            raise IdentityChanged(changed)
+        self.engine._stats = self.stats = stats
+        self._pending, self._decoder = {}, DeltaDecoder()
+        self._fail_pending_commands()  # any sent while the child was dead: their waiters already gave up
+        self.error = None
+        self._start_threads()
+        return time.monotonic() - started
+
+    def _join_threads(self) -> None:
+        for thread in (self._thread, self._receiver):
+            if thread is not None:
+                thread.join(STOP_TIMEOUT_S)
 
     def _wait_ready(self, timeout_s: float) -> tuple:
         waited = multiprocessing.connection.wait([self._from_child, self.process.sentinel], timeout_s)
@@ -116,8 +166,13 @@ class ProcessAsyncEngine(AsyncEngine):
     def start(self) -> None:
         if self._thread is not None:
             return
-        super().start()
+        self._loop = asyncio.get_running_loop()
+        self._start_threads()
+
+    def _start_threads(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="samebits-engine", daemon=True)
         self._receiver = threading.Thread(target=self._receive, name="samebits-engine-receiver", daemon=True)
+        self._thread.start()
         self._receiver.start()
 
     def shutdown(self, timeout: float = STOP_TIMEOUT_S) -> None:
@@ -188,6 +243,7 @@ class ProcessAsyncEngine(AsyncEngine):
         self.error = error
         self._fail_in_flight()
         self._post(self._fail_all, error or RuntimeError("the engine was shut down"))
+        self._post_death()
         self._wake.set()
 
     def _handle(self, message: tuple) -> None:

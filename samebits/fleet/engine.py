@@ -132,6 +132,11 @@ class FleetEngine:
         return not self._stopping and bool(self.router.live)
 
     @property
+    def restarting(self) -> bool:
+        """No replica serves but one is being brought back (the server's /health says `starting`, not dead)."""
+        return not self.healthy and not self._stopping and "restarting" in self.states
+
+    @property
     def counters(self) -> Counters:
         total = Counters(requests_rejected=self._rejected)
         for client in self._all:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import Response
 
+from samebits.server.config import API_KEY_SOURCES
 from samebits.server.errors import APIError, invalid
 from samebits.server.requests import read_model
 from samebits.server.responses import json_response
@@ -51,8 +52,9 @@ def _weights(state, version) -> dict:
 
 
 def _require_key(state) -> None:
-    if not state.config.api_keys:
-        raise APIError(403, "Admin routes need an API key: start the server with --api-keys.", code="admin_disabled")
+    if not state.api_keys:
+        raise APIError(403, f"Admin routes need an API key: start the server with {API_KEY_SOURCES}.",
+                       code="admin_disabled")
 
 
 async def _update(ae, tensors: dict, version: str | None) -> str:
@@ -67,6 +69,8 @@ async def _update(ae, tensors: dict, version: str | None) -> str:
 
 
 def _read_tensors(path: str, dtype) -> dict:
+    from safetensors import SafetensorError
+
     from samebits.models.loader_hf import iter_tensors, safetensors_files
 
     p = Path(path).expanduser()
@@ -79,4 +83,7 @@ def _read_tensors(path: str, dtype) -> dict:
             raise invalid(str(e), "path") from None
     else:
         raise invalid(f"path: {path!r} is neither an HF model folder nor a .safetensors file on the server.", "path")
-    return {name: t.to(dtype) for name, t in iter_tensors(files)}
+    try:
+        return {name: t.to(dtype) for name, t in iter_tensors(files)}
+    except (OSError, SafetensorError) as e:  # a truncated or foreign file: the operator's input, not a server fault
+        raise invalid(f"path: cannot read safetensors from {path!r}: {e}", "path") from None

@@ -16,7 +16,16 @@ from starlette.responses import Response
 from samebits import __version__
 from samebits.engine.async_engine import QueueFull, waiting_cost
 from samebits.server.admin import add_admin_routes
-from samebits.server.errors import APIError, clip, engine_dead, error_response, map_error, not_found
+from samebits.server.errors import (
+    RETRY_AFTER_S,
+    APIError,
+    clip,
+    engine_dead,
+    error_response,
+    internal_error,
+    map_error,
+    not_found,
+)
 from samebits.server.metrics import CONTENT_TYPE
 from samebits.server.middleware import GuardMiddleware
 from samebits.server.protocol import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -24,6 +33,7 @@ from samebits.server.requests import chat_job, completion_job, read_model
 from samebits.server.responses import json_response
 from samebits.server.run import STATUS_CLIENT_GONE, respond
 from samebits.server.state import ServerState
+from samebits.server.supervisor import DEAD, OK, STARTING
 from samebits.server.tokenize import detokenize, tokenize, tokenizer_info
 
 log = logging.getLogger("samebits.server")
@@ -41,7 +51,7 @@ def guarded(fn):
             return error_response(e)
         except Exception:
             log.exception("internal error on %s", request.url.path)
-            return error_response(APIError(500, "Internal server error.", "server_error", None, "internal_error"))
+            return error_response(internal_error())
 
     return wrapper
 
@@ -82,6 +92,7 @@ def _lifespan(state: ServerState):
             yield
         finally:
             gc.unfreeze()
+            state.supervisor.stop()
             state.ae.shutdown()
 
     return lifespan
@@ -147,11 +158,15 @@ def _add_tokenizer_routes(app: FastAPI, state: ServerState) -> None:
 
 
 def _add_ops_routes(app: FastAPI, state: ServerState) -> None:
-    @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with HEAD
+    @app.get("/health")
     async def health() -> Response:
-        if not state.ae.healthy:
-            return error_response(engine_dead())
-        return json_response({"status": "ok", **state.ae.health()}, {})
+        """Liveness: 200 while the server serves or its engine restarts ("starting"); 503 once it gave up."""
+        return _probe(state, ready=False)
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        """Readiness: 200 only while the engine serves; 503 while it restarts, as when it is dead."""
+        return _probe(state, ready=True)
 
     @app.get("/version")
     async def version() -> Response:
@@ -161,6 +176,24 @@ def _add_ops_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+def _probe(state: ServerState, ready: bool) -> Response:
+    status = state.supervisor.status
+    if status == DEAD:
+        return error_response(engine_dead())
+    if status == STARTING:
+        body = {"status": STARTING, "restarts": state.supervisor.restarts, **state.ae.health()}  # a fleet's replicas
+        return json_response(body, {"Retry-After": str(RETRY_AFTER_S)}, 503 if ready else 200)
+    return json_response({"status": OK, **state.ae.health()}, {})
+
+
+def _head_wherever_get(app: FastAPI) -> None:
+    """HEAD is answered wherever GET is (the body dropped by the server), as HTTP asks: probes and caches use it."""
+    for route in app.routes:
+        methods = getattr(route, "methods", None)
+        if methods and "GET" in methods:
+            methods.add("HEAD")
 
 
 def _add_handlers(app: FastAPI) -> None:
@@ -184,8 +217,9 @@ def build_app(async_engine, server_config) -> FastAPI:
     app.state.samebits = state
     _add_routes(app, state)
     add_admin_routes(app, state)
+    _head_wherever_get(app)
     _add_handlers(app)
-    app.add_middleware(GuardMiddleware, numerics_headers=state.headers, api_keys=server_config.api_keys,
+    app.add_middleware(GuardMiddleware, numerics_headers=state.headers, api_keys=state.api_keys,
                        max_header_count=server_config.max_header_count,
                        max_header_bytes=server_config.max_header_bytes,
                        on_error=state.metrics.http_error)

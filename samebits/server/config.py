@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -23,6 +24,13 @@ def _positive_seconds(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
+# The environment variable holding an API key (as vLLM reads VLLM_API_KEY): a key there or in a file never shows in
+# `ps` or /proc/PID/cmdline, as an --api-key value does.
+API_KEY_ENV = "SAMEBITS_API_KEY"
+API_KEY_FLAG = "--api-key"
+API_KEY_SOURCES = f"{API_KEY_FLAG}, --api-key-file or {API_KEY_ENV}"
+
+
 # uvicorn's log levels (its --log-level); serve logs its own lines at the same level.
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -33,6 +41,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: tuple[str, ...] = ()
+    # A file of accepted keys, one a line (blank lines and lines starting with # skipped): keys outside argv.
+    api_key_file: str | None = None
     # vLLM's: the names clients may send, the first reported in responses (a str is one name); (): --model's.
     served_model_name: tuple[str, ...] = ()
     max_n: int = 16
@@ -54,6 +64,9 @@ class ServerConfig:
     timeout_keep_alive: int = 5
     timeout_header: float = 10.0
     timeout_body: float = 30.0
+    # A response that cannot be written for this long (the client reads nothing, its buffers are full) is cut and its
+    # requests aborted (server/connections.py); a slow client that keeps reading is never cut.
+    timeout_write: float = 30.0
     max_connections: int = 1024
     log_level: str = "info"
     # The engine in its own process (engine/engine_process.py): the server's Python work then never holds the GIL the
@@ -61,6 +74,9 @@ class ServerConfig:
     # tensor_parallel_size 1 (as vLLM V1 runs its EngineCore; on the H200 it served more than the thread,
     # docs/BENCHMARKS.md §5), the thread otherwise (a CPU step's torch ops release the GIL; ranks need the thread).
     engine_process: bool | None = None
+    # Times a dead engine process is restarted (same config, same fingerprint: server/supervisor.py) over the server's
+    # life; at the next death the server exits non-zero, for systemd or Kubernetes to restart it whole.
+    max_engine_restarts: int = 3
     # The model family's tool-call format (models/tool_parsers.py, vLLM's names); auto: read off the chat template.
     tool_call_parser: str = "auto"
     # vLLM's: a Jinja chat template file (or the template itself, one line) used instead of the model's own.
@@ -131,6 +147,30 @@ class ServerConfig:
             raise ValueError("api_keys must be a tuple of strings")  # noqa: TRY004 - config errors are ValueError
         if any(not isinstance(k, str) or not k for k in self.api_keys):
             raise ValueError("api_keys must be non-empty strings")
+        if self.api_key_file is not None:
+            self._keys_in_file()
+
+    def _keys_in_file(self) -> list[str]:
+        path = self.api_key_file
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"api_key_file must be None or a path, got {path!r}")
+        try:
+            lines = Path(path).expanduser().read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"api_key_file: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+        keys = [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+        if not keys:
+            raise ValueError(f"api_key_file: {path} holds no key (one a line)")
+        return keys
+
+    def resolved_api_keys(self) -> tuple[str, ...]:
+        """Every accepted key: --api-key's, the key file's and SAMEBITS_API_KEY's, read when the server starts."""
+        keys = list(self.api_keys)
+        if self.api_key_file is not None:
+            keys += self._keys_in_file()
+        if os.environ.get(API_KEY_ENV):
+            keys.append(os.environ[API_KEY_ENV])
+        return tuple(dict.fromkeys(keys))
 
     def _check_limits(self) -> None:
         for name in ("max_n", "max_prompts", "max_stop", "max_body_bytes", "max_header_count", "max_header_bytes",
@@ -138,14 +178,16 @@ class ServerConfig:
             _positive(name, getattr(self, name))
         if self.max_prompt_chars is not None:
             _positive("max_prompt_chars", self.max_prompt_chars)
-        for name in ("timeout_header", "timeout_body"):
+        for name in ("timeout_header", "timeout_body", "timeout_write"):
             _positive_seconds(name, getattr(self, name))
         if not isinstance(self.allow_special_tokens, bool):
             raise ValueError(f"allow_special_tokens must be a bool, got {self.allow_special_tokens!r}")  # noqa: TRY004
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
-        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
-            raise ValueError(f"max_logprobs must be a non-negative integer, got {self.max_logprobs!r}")
+        for name in ("max_logprobs", "max_engine_restarts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
 
     @property
     def model_name(self) -> str:

@@ -69,6 +69,10 @@ def engine_dead() -> APIError:
                     "engine_dead")
 
 
+def internal_error() -> APIError:
+    return APIError(500, "Internal server error.", "server_error", None, "internal_error")
+
+
 def error_response(err: APIError, headers: dict | None = None) -> Response:
     return Response(json.dumps(err.body()), status_code=err.status, headers={**err.headers, **(headers or {})},
                     media_type="application/json")

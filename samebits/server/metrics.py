@@ -34,12 +34,16 @@ TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20
 class _EngineCollector:
     def __init__(self, async_engine, model_name: str) -> None:
         self.ae, self.model_name = async_engine, model_name
+        self.supervisor = None  # server/supervisor.py's, once the server has one
 
     def collect(self) -> Iterable:
         yield from self._gauges()
         yield from self._counters()
         yield from self._spec_decode()
         yield from self._replicas(self.ae.health().get("replicas", ()))
+        if self.supervisor is not None:
+            yield self._family(CounterMetricFamily, "engine_restarts", "Restarts of a dead engine process.",
+                               self.supervisor.restarts)
 
     def _replicas(self, replicas) -> Iterable:
         """A fleet's replicas (fleet/engine.py), one series each under the `replica` label."""
@@ -209,7 +213,8 @@ class _RequestMetrics:
 class Metrics:
     def __init__(self, async_engine, model_name: str) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_EngineCollector(async_engine, model_name))
+        self._engine = _EngineCollector(async_engine, model_name)
+        self.registry.register(self._engine)
         ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time from admission to the first token.",
                          [MODEL_LABEL], buckets=LATENCY_BUCKETS, registry=self.registry)
         e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Time from admission to the last token.",
@@ -219,11 +224,18 @@ class Metrics:
                                    [MODEL_LABEL], registry=self.registry).labels(model_name)
         self._http_errors = Counter(PREFIX + "http_errors", "Error responses by status.", [MODEL_LABEL, "status"],
                                     registry=self.registry)
+        self.write_timeouts = Counter(PREFIX + "write_timeouts", "Connections cut because the client read nothing for "
+                                      "--timeout-write seconds (their requests aborted).", [MODEL_LABEL],
+                                      registry=self.registry).labels(model_name)
         self.model_name = model_name
         # Observed by the AsyncEngine, which sees each output first: per request, and per step.
         async_engine.on_first_output = self.ttft.observe
         async_engine.on_finished = self.e2e.observe
         async_engine.on_step = _RequestMetrics(self.registry, model_name).observe_step
+
+    def watch(self, supervisor) -> None:
+        """Export the engine supervisor's restarts (server/supervisor.py)."""
+        self._engine.supervisor = supervisor
 
     def http_error(self, status: int) -> None:
         self._http_errors.labels(self.model_name, str(status)).inc()

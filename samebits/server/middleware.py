@@ -7,12 +7,15 @@ check (constant-time; /health and /metrics stay open so probes and scrapers need
 from __future__ import annotations
 
 import hmac
+import logging
 import re
 import uuid
 
-from samebits.server.errors import APIError, error_response, unauthorized
+from samebits.server.errors import APIError, error_response, internal_error, unauthorized
 
-OPEN_PATHS = frozenset({"/health", "/metrics"})
+log = logging.getLogger("samebits.server")
+
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
@@ -60,11 +63,19 @@ class GuardMiddleware:
         rid = request_id_of(headers)
         scope.setdefault("state", {})["request_id"] = rid
         authenticated = not self.keys or key_matches(bearer_token(headers), self.keys)
-        send = self._decorated(send, rid, authenticated)
+        started: list[bool] = []
+        send = self._decorated(send, rid, authenticated, started)
         problem = self._check(scope, authenticated)
         if problem is not None:
             return await error_response(problem)(scope, receive, send)
-        await self.app(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        except Exception:
+            # What no route turned into an APIError: an OpenAI-shaped 500 with the request id, not Starlette's text.
+            if started:
+                raise
+            log.exception("internal error on %s %s (request %s)", scope["method"], scope["path"], rid)
+            await error_response(internal_error())(scope, receive, send)
 
     def _numerics(self) -> list[tuple[bytes, bytes]]:
         seen, encoded = self._encoded
@@ -73,11 +84,13 @@ class GuardMiddleware:
             self._encoded = (dict(self.numerics), encoded)
         return encoded
 
-    def _decorated(self, send, rid: str, authenticated: bool):
+    def _decorated(self, send, rid: str, authenticated: bool, started: list[bool]):
+        """`send` with the response's extra headers; `started` gets an entry when the response starts."""
         extra = (self._numerics() if authenticated else []) + [(b"x-request-id", rid.encode("latin-1"))]
 
         async def wrapped(message):
             if message["type"] == "http.response.start":
+                started.append(True)
                 message["headers"] = list(message.get("headers", [])) + extra
                 if message["status"] >= 400 and self.on_error is not None:
                     self.on_error(message["status"])

@@ -5,6 +5,7 @@ those two becomes the OpenAI 400 naming the request's field."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -14,8 +15,9 @@ from starlette.requests import Request
 
 from samebits.engine.prompts import ChatTemplateError, render_chat
 from samebits.engine.sampling_params import ContextLengthError, SamplingParams, check_vocab
-from samebits.server.errors import APIError, field_of, invalid, too_large, validation_message
+from samebits.server.errors import APIError, clip, field_of, invalid, too_large, validation_message
 from samebits.server.fields import check_fields
+from samebits.server.json_keys import duplicate_key_error
 from samebits.server.protocol import ChatMessage, ChatRequest, CompletionRequest
 from samebits.server.state import ServerState
 from samebits.server.structured import compiled, constraint
@@ -27,6 +29,9 @@ UNION_HINTS = {
     "stop": "stop must be a string or a list of strings",
 }
 ROLES = ("system", "developer", "user", "assistant", "tool")
+# A logit_bias key: ASCII digits, no sign, space, separator or leading zero. Ten digits hold any vocabulary's ids.
+TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]*")
+TOKEN_ID_KEY_DIGITS = 10
 
 
 @dataclass
@@ -93,6 +98,9 @@ async def read_model(request: Request, model: type[BaseModel], limit: int, turn:
 
 
 def _parse(model: type[BaseModel], body: bytes) -> BaseModel:
+    duplicate = duplicate_key_error(body)
+    if duplicate is not None:
+        raise duplicate
     try:
         return model.model_validate_json(body)
     except ValidationError as e:
@@ -227,12 +235,14 @@ def _adjustments(req) -> dict:
 
 
 def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
+    """OpenAI's keys are token ids as strings: canonical decimals only, so "+5", "05", " 5", "1_0" or "٥" (which
+    int() would take) are refused rather than read as an id the client may not mean; the vocabulary bound follows."""
     out = {}
     for key, value in bias.items():
-        try:
-            out[int(key)] = value
-        except ValueError:
-            raise invalid(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+        if not TOKEN_ID_KEY.fullmatch(key) or len(key) > TOKEN_ID_KEY_DIGITS:
+            raise invalid(f"logit_bias keys must be token ids written as plain decimal integers (e.g. \"42\"), got "
+                          f"{clip(key)!r}", "logit_bias")
+        out[int(key)] = value
     return out
 
 

@@ -17,6 +17,10 @@ class ServeError(RuntimeError):
     """The server cannot start; the message says why and what to do."""
 
 
+class EngineLost(ServeError):
+    """The server stopped because its engine died past its restarts (server/supervisor.py): exit status 1."""
+
+
 def uvicorn_config(app, config: ServerConfig, **overrides):
     import uvicorn
 
@@ -25,7 +29,9 @@ def uvicorn_config(app, config: ServerConfig, **overrides):
     # h11, not httptools: its incomplete-event limit bounds the raw header block. It is set above the middleware's
     # limit so that a slightly large header block gets the JSON 431 and only a huge one meets h11's bare 400.
     # Our subclass of uvicorn's h11 protocol adds the header and body deadlines and the connection cap.
-    limits = ConnectionLimits(config.timeout_header, config.timeout_body, config.max_connections)
+    state = getattr(getattr(app, "state", None), "samebits", None)  # build_app's; absent for a bare ASGI app
+    limits = ConnectionLimits(config.timeout_header, config.timeout_body, config.max_connections,
+                              config.timeout_write, state.metrics.write_timeouts.inc if state is not None else None)
     values = {"host": config.host, "port": config.port, "http": guarded_protocol(limits), "loop": "asyncio",
               "lifespan": "on", "log_level": config.log_level, "timeout_keep_alive": config.timeout_keep_alive,
               "h11_max_incomplete_event_size": 2 * config.max_header_bytes, "server_header": False,
@@ -155,23 +161,41 @@ def serve(config: ServerConfig) -> None:
             async_engine = build_async_engine(config)
             log.info(startup_line(async_engine.engine, config, url))
             app = build_app(async_engine, config)
+            server = uvicorn.Server(uvicorn_config(app, config))
+            supervisor = stop_when_engine_lost(app, server)
             try:
-                uvicorn.Server(uvicorn_config(app, config)).run(sockets=[sock])
+                server.run(sockets=[sock])
             finally:
                 async_engine.shutdown()  # also when uvicorn never started its lifespan: an engine process ends here
+            if supervisor.gave_up:
+                raise EngineLost(f"the server stopped: {supervisor.gave_up}")
     finally:
         sock.close()
+
+
+def stop_when_engine_lost(app, server):
+    """When the supervisor gives up on the engine, uvicorn stops as on SIGTERM; returns the supervisor."""
+    supervisor = app.state.samebits.supervisor
+
+    def stop() -> None:
+        server.should_exit = True
+
+    supervisor.on_give_up = stop
+    return supervisor
 
 
 class ServerThread:
     """uvicorn in a background thread on a socket bound before it starts (port 0 = a free port, no race); for
     tests and benchmarks that drive a real server from the same process."""
 
-    def __init__(self, app, config: ServerConfig, start_timeout_s: float = 60.0):
+    def __init__(self, app, config: ServerConfig, start_timeout_s: float = 60.0, stop_when_lost: bool = False):
+        """`stop_when_lost`: stop uvicorn when the engine supervisor gives up, as `serve` exits then."""
         import uvicorn
 
         self.sock = bind_socket(config)
         self.server = uvicorn.Server(uvicorn_config(app, config))
+        if stop_when_lost:
+            stop_when_engine_lost(app, self.server)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
                                        name="samebits-uvicorn")
         self.thread.start()

@@ -8,6 +8,7 @@ from json.encoder import encode_basestring
 
 from samebits.server.errors import clip, invalid, not_found
 from samebits.server.metrics import Metrics
+from samebits.server.supervisor import EngineSupervisor
 from samebits.structured.grammar import Grammars
 
 # max_prompt_chars' default per token of context: real text runs 3-5 characters a token, so only a prompt that could
@@ -40,17 +41,29 @@ def numerics_headers(fp: dict) -> dict[str, str]:
 
 
 def text_chars(req) -> tuple[int, str]:
-    """(characters of text the request would tokenize, the field holding it): its string prompts or its messages."""
+    """(characters of text the request would tokenize, the field holding it): its string prompts, or its messages
+    with the strings of chat_template_kwargs, which a template may render into the prompt."""
     prompt = getattr(req, "prompt", None)
     if prompt is not None:
         items = [prompt] if isinstance(prompt, str) else prompt
         return sum(len(p) for p in items if isinstance(p, str)), "prompt"
-    total = 0
+    total = _string_chars(req.chat_template_kwargs)
     for m in req.messages:
         content = m.content if isinstance(m.content, list) else [m.content]
         total += sum(len(part if isinstance(part, str) else part.text or "") for part in content if part is not None)
         total += len(m.name or "")
     return total, "messages"
+
+
+def _string_chars(value) -> int:
+    """Characters of every string (keys included) in a JSON value."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(k) + _string_chars(v) for k, v in value.items())
+    if isinstance(value, list):
+        return sum(_string_chars(v) for v in value)
+    return 0
 
 
 def _vocab_size(engine) -> int:
@@ -73,7 +86,10 @@ class ServerState:
         self.vocab_size = _vocab_size(engine)
         self.fingerprint = dict(engine.fingerprint())
         self.headers = numerics_headers(self.fingerprint)
+        self.api_keys = config.resolved_api_keys()
         self.metrics = Metrics(async_engine, config.model_name)
+        self.supervisor = EngineSupervisor(async_engine, config.max_engine_restarts)
+        self.metrics.watch(self.supervisor)
         self.created = int(time.time())
         self.max_prompt_chars = config.max_prompt_chars or PROMPT_CHARS_PER_TOKEN * self.max_model_len
         # The grammar compiler a request's constraint is checked with; the engine's own when it is in this process.

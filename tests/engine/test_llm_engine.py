@@ -222,3 +222,34 @@ def test_two_engines_share_one_gpu_by_gpu_memory_utilization(tmp_path):
         kv = runner.num_blocks * runner.block_size * 2 * runner.model_config.num_layers * \
             runner.model_config.num_kv_heads * runner.model_config.head_dim * 2
         assert kv <= 0.4 * total, (kv, total)
+
+
+@pytest.mark.parametrize("threshold", [None, 0])
+def test_a_short_request_behind_a_long_prefill_gets_its_first_token_at_the_next_step(llm, threshold):
+    """The engine's steps (engine/scheduler/prefills.py): a 2-token request added while a 240-token prompt is being
+    prefilled in 64-token steps gets its first token from the next step, whose batch is no larger than one chunk of
+    the long prompt, with the bits it has alone; then an abort of the long prompt mid-prefill leaves the next step to
+    the short one. Negative control: with no cap (0) the short request waits for the long prompt's whole prefill."""
+    from samebits.engine.llm_engine import LLMEngine
+
+    config = llm.engine.config.replace(max_num_batched_tokens=64, long_prefill_token_threshold=threshold)
+    engine = LLMEngine(config, llm.engine.loaded)
+    greedy = SamplingParams(temperature=0.0, max_tokens=3, logprobs=0, ignore_eos=True)
+    engine.add_request("long", [5 + i % 200 for i in range(240)], SamplingParams(max_tokens=1))
+    engine.step()
+    engine.add_request("short", [7, 9], greedy)
+    steps, short = 0, None
+    while short is None:
+        steps += 1
+        short = next((o for o in engine.step() if o.request_id == "short"), None)
+        assert engine.scheduler.stats()["num_running"] <= 2
+    assert steps == (1 if threshold is None else 3)
+    assert short.outputs[0].token_ids[:1] == llm.generate([[7, 9]], greedy, use_tqdm=False)[0].outputs[0].token_ids[:1]
+    if threshold is None:
+        engine.abort_request("long")
+        assert engine.scheduler.bm.usage > 0 and engine.scheduler.running == engine.scheduler.requests["short"]
+        engine.step()
+        assert [p.request_id for p in engine.progress()] == ["short"]
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.scheduler.bm.check_integrity()

@@ -61,14 +61,19 @@ def test_update_weights_then_responses_are_the_new_policy(locked, tmp_path):
     ({"path": "/nonexistent/ckpt"}, 400, "is neither an HF model folder nor a .safetensors file"),
     ({"path": "x", "extra": 1}, 400, "extra"),
     ("wrong-shape", 400, "update_weights refused, old weights kept"),
+    ("malformed", 400, "cannot read safetensors"),
 ])
 def test_bad_update_is_refused_and_old_weights_serve(locked, tmp_path, body, status, match):
     if body == "wrong-shape":
         body = {"path": str(write_tiny_checkpoint(tmp_path / "narrow", "llama3", seed=5, intermediate_size=128))}
+    if body == "malformed":  # a header that promises more than the file holds: was a text/plain 500
+        (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": 1}")
+        body = {"path": str(tmp_path / "bad.safetensors")}
     with locked.client() as http:
         before = complete(http)
         r = http.post("/admin/update_weights", json=body, headers=AUTH)
         assert r.status_code == status and match in r.json()["error"]["message"], r.text
+        assert r.headers["content-type"] == "application/json" and r.headers["x-request-id"]
         after = complete(http)
     assert after["system_fingerprint"] == before["system_fingerprint"]
     assert after["choices"][0]["logprobs"] == before["choices"][0]["logprobs"]
@@ -80,4 +85,22 @@ def test_admin_needs_the_key(locked, server):
     with server.client() as http:  # a server without keys keeps its admin routes shut
         r = http.post("/admin/update_weights", json={"path": "x"})
         assert r.status_code == 403 and r.json()["error"]["code"] == "admin_disabled"
+        assert "--api-key," in r.json()["error"]["message"] and "SAMEBITS_API_KEY" in r.json()["error"]["message"]
         assert http.get("/admin/weights").status_code == 403
+
+
+def test_an_admin_route_that_fails_unexpectedly_answers_openai_json(locked, tmp_path, monkeypatch):
+    """What the admin code does not foresee (here a reader that raises a bare error) is a JSON 500 with the request
+    id, not Starlette's text/plain; the old weights keep serving. Control: the malformed-file case above is a 400."""
+    from samebits.server import admin
+
+    def broken(path, dtype):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(admin, "_read_tensors", broken)
+    with locked.client() as http:
+        before = complete(http)
+        r = http.post("/admin/update_weights", json={"path": str(tmp_path)}, headers={**AUTH, "x-request-id": "t-9"})
+        assert r.status_code == 500 and r.headers["content-type"] == "application/json" and r.headers["x-request-id"] == "t-9"
+        assert r.json()["error"]["code"] == "internal_error" and "disk on fire" not in r.text, "no internals leak"
+        assert complete(http)["choices"] == before["choices"]

@@ -254,3 +254,50 @@ def test_call_runs_on_the_engine_thread_with_its_result_or_error():
         return where, alive
 
     assert run(main) == (("samebits-engine", True), True)
+
+
+@pytest.mark.parametrize("abort", [True, False], ids=["aborted", "control"])
+def test_an_abort_mid_prefill_takes_effect_at_the_next_step(tiny_model_dir, monkeypatch, abort):
+    """A client that leaves during a long prefill (the real engine, 64-token steps of a 240-token prompt): its
+    abort, queued while a step of the prompt's chunk runs, is applied at the next step boundary, so no later step
+    runs the prompt and a short request after it is served. Negative control: not aborted, the next step goes on
+    with the long prompt's next chunk."""
+    from samebits.engine.config import EngineConfig
+    from samebits.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), device="cpu", max_model_len=512,
+                                    max_num_batched_tokens=64))
+    steps, held, go = [], threading.Event(), threading.Event()
+    real_step = engine.step
+
+    def step():
+        """The step, recording the requests it computed tokens of."""
+        seqs = {rid: list(group) for rid, group in engine.scheduler.requests.items()}
+        before = {rid: sum(s.num_computed_tokens for s in group) for rid, group in seqs.items()}
+        outs = real_step()
+        steps.append([rid for rid, group in seqs.items() if sum(s.num_computed_tokens for s in group) != before[rid]])
+        if len(steps) == 1:  # the long prompt's first chunk: held until the test has (or has not) aborted it
+            held.set()
+            go.wait(30)
+        return outs
+
+    monkeypatch.setattr(engine, "step", step)
+
+    async def body(ae):
+        long = asyncio.ensure_future(drain(ae, "long", [5 + i % 200 for i in range(240)], max_tokens=1))
+        await asyncio.to_thread(held.wait, 30)
+        if abort:
+            long.cancel()  # as the server does when the client disconnects: the generator's exit queues the abort
+            with contextlib.suppress(asyncio.CancelledError):
+                await long
+        go.set()
+        short = await drain(ae, "short", (7, 9), max_tokens=1)
+        return short, None if abort else await long
+
+    short, long = run(body, engine)
+    assert steps[0] == ["long"] and short[-1].finished
+    if abort:
+        assert not any("long" in s for s in steps[1:]), steps
+        assert engine.scheduler.bm.num_free_blocks == engine.scheduler.bm.num_blocks
+    else:
+        assert "long" in steps[1] and long[-1].finished, steps

@@ -13,6 +13,7 @@ from samebits.engine.config import EngineConfig
 from samebits.server.config import ServerConfig
 from samebits.server.middleware import key_matches
 from tests.server.conftest import MODEL_NAME, make_engine, start_server
+from tests.server.fake_engine import FakeLLMEngine
 
 KEYS = ("key-one", "key-two")
 
@@ -45,6 +46,36 @@ def test_right_keys_work_and_probes_stay_open(locked):
     with locked.client() as http:
         assert http.get("/health").status_code == 200
         assert http.get("/metrics").status_code == 200
+
+
+def test_keys_from_the_environment_and_a_key_file_need_no_argv(monkeypatch, tmp_path):
+    """SAMEBITS_API_KEY and --api-key-file each give an accepted key (neither shows in `ps`); probes stay open.
+    Control: the environment's key is not accepted by a server started without it."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# rotated monthly\nfile-key\n\n")
+    monkeypatch.setenv("SAMEBITS_API_KEY", "env-key")
+    live = start_server(FakeLLMEngine(), api_key_file=str(keys))
+    monkeypatch.delenv("SAMEBITS_API_KEY")
+    control = start_server(FakeLLMEngine(), api_key_file=str(keys))
+    try:
+        for server, accepted in ((live, {"env-key", "file-key"}), (control, {"file-key"})):
+            with server.client() as http:
+                for key in ("env-key", "file-key", "other"):
+                    r = http.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+                    assert r.status_code == (200 if key in accepted else 401), (key, r.text)
+                assert http.get("/v1/models").status_code == 401 and http.get("/health").status_code == 200
+    finally:
+        live.stop()
+        control.stop()
+
+
+@pytest.mark.parametrize("content, match", [(None, "cannot read"), ("# only a comment\n\n", "holds no key")])
+def test_a_key_file_that_gives_no_key_is_refused_at_start(tmp_path, content, match):
+    path = tmp_path / "keys.txt"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError, match=f"api_key_file: .*{match}"):
+        ServerConfig(api_key_file=str(path))
 
 
 def test_key_matches_constant_time_helper():
@@ -127,6 +158,10 @@ NON_DEFAULT_FLAGS = {
     "chat_template": ["--chat-template", "{{ messages[0]['content'] }}"],
     "disable_log_requests": ["--disable-log-requests"], "trust_remote_code": ["--trust-remote-code"],
     "data_parallel_backend": ["--data-parallel-backend", "ray"], "ray_address": ["--ray-address", "auto"],
+    "long_prefill_token_threshold": ["--long-prefill-token-threshold", "0"],
+    "max_num_partial_prefills": ["--max-num-partial-prefills", "3"],
+    "max_long_partial_prefills": ["--max-long-partial-prefills", "2"], "timeout_write": ["--timeout-write", "3.5"],
+    "api_key_file": ["--api-key-file", "keys.txt"], "max_engine_restarts": ["--max-engine-restarts", "0"],
 }
 # Fields whose non-default value the ones above exclude (several replicas need tensor_parallel_size=1): a second run.
 OTHER_FLAGS = {"data_parallel_size": ["--data-parallel-size", "2"]}
@@ -143,7 +178,9 @@ def _serve_config(monkeypatch, flags: dict):
     return seen[0]
 
 
-def test_every_config_field_is_reachable_from_serve_flags(monkeypatch):
+def test_every_config_field_is_reachable_from_serve_flags(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "keys.txt").write_text("# the key file\nk1\n")
     fields = {f.name for f in dataclasses.fields(ServerConfig)} - {"engine"}
     assert set(NON_DEFAULT_FLAGS) | set(OTHER_FLAGS) == fields | {f.name for f in dataclasses.fields(EngineConfig)}
     default = ServerConfig()

@@ -1,6 +1,6 @@
 """The engine-process backend (`--engine-process`, engine/engine_process.py) against the thread backend: the same
 responses bit for bit (ids, logprob bits, text, drawn seeds), abort frees blocks, weight sync, and a killed child
-fails requests with 503 instead of hanging. One server pair for the module (a spawn costs seconds of imports), which
+fails requests with 503 instead of hanging and is restarted with the same fingerprint. One server pair for the module (a spawn costs seconds of imports), which
 every test leaves as it found it whatever the order: each request that hits one server alone carries its seed, so the
 servers' seed streams stay in step; the killed child is a server of its own."""
 from __future__ import annotations
@@ -9,6 +9,7 @@ import asyncio
 import concurrent.futures
 import functools
 import json
+import logging
 import os
 import signal
 import time
@@ -32,15 +33,15 @@ def _live(config) -> LiveServer:
 
     async_engine = build_async_engine(config)
     app = build_app(async_engine, config)
-    thread = ServerThread(app, config)
+    thread = ServerThread(app, config, stop_when_lost=True)  # as `serve` exits once the supervisor gives up
     return LiveServer(thread.url, app, async_engine, config, thread)
 
 
-def _configs(model_dir, backends=(False, True)) -> list:
+def _configs(model_dir, backends=(False, True), **more) -> list:
     from samebits.server.config import ServerConfig
 
     base = {"model": str(model_dir), "served_model_name": MODEL_NAME, "port": 0, "log_level": "warning",
-            "device": "cpu", "max_num_seqs": 128, "max_model_len": 256, "seed": SEED, "api_keys": (KEY,)}
+            "device": "cpu", "max_num_seqs": 128, "max_model_len": 256, "seed": SEED, "api_keys": (KEY,), **more}
     return [ServerConfig.from_dict({**base, "engine_process": p}) for p in backends]
 
 
@@ -65,13 +66,14 @@ def pair(tiny_model_dir):
 
 @pytest.fixture
 def doomed(tiny_model_dir):
-    """A process backend of its own, for the test that kills its child."""
+    """A process backend of its own, for the test that kills its child: (server, seconds its engine took to load)."""
     from samebits.server.serve import template
 
-    (config,) = _configs(tiny_model_dir, backends=(True,))
+    (config,) = _configs(tiny_model_dir, backends=(True,), max_engine_restarts=1)
     with template(config):
+        start = time.monotonic()
         server = _live(config)
-        yield server
+        yield server, time.monotonic() - start
         _stop([server])
 
 
@@ -205,21 +207,67 @@ def test_update_weights_through_the_engine_process(pair, tmp_path):
     assert refused.status_code == 400 and "old weights kept" in refused.json()["error"]["message"]
 
 
-def test_a_killed_engine_process_fails_requests_with_503_not_a_hang(doomed, pair):
-    process = doomed
-    ae = process.async_engine
+def _kill_mid_stream(live: LiveServer) -> tuple[list[str], float]:
+    """SIGKILL the engine process while a stream runs; the stream's events and the time of the kill."""
     body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 200, "stream": True, "ignore_eos": True}
-    with process.client(timeout=30) as http, http.stream("POST", "/v1/completions", json=body, headers=AUTH) as r:
+    with live.client(timeout=30) as http, http.stream("POST", "/v1/completions", json=body, headers=AUTH) as r:
         lines = r.iter_lines()
         next(lines)
-        os.kill(ae.process.pid, signal.SIGKILL)
-        events = [ln.removeprefix("data: ") for ln in lines if ln]
-    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "engine_dead"
-    wait_for(lambda: not ae.healthy)
-    assert "exit code -9" in str(ae.error)
-    r = _post(process, "/v1/completions", {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 3})
-    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
+        os.kill(live.async_engine.process.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        return [ln.removeprefix("data: ") for ln in lines if ln], killed
+
+
+def test_a_killed_engine_process_is_restarted_with_the_same_fingerprint(doomed, pair, caplog, monkeypatch):
+    """SIGKILL of the engine process: the stream ends with engine_dead, one line is logged, the gauges are zero,
+    /health says starting (alive) and /ready 503 while a new process loads, which then serves the same bits under
+    the same fingerprint, within its load time. Killed again past --max-engine-restarts=1, the server stops (`serve`
+    exits with status 1). A restart whose fingerprint differs from the one served (after a weight update, which a
+    restart does not bring back) is refused."""
+    live, load_s = doomed
+    ae, supervisor = live.async_engine, live.app.state.samebits.supervisor
+    seeded = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 6, "temperature": 0.8, "seed": 3, "logprobs": 1}
+    before = _post(live, "/v1/completions", seeded).json()
+    with caplog.at_level(logging.INFO, "samebits.server"):
+        events, killed = _kill_mid_stream(live)
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "engine_dead"
+        wait_for(lambda: supervisor.status == "starting", 5)
+        deaths = [r.getMessage() for r in caplog.records if "died" in r.getMessage()]
+        assert len(deaths) == 1 and "exit code -9" in deaths[0] and "restart 1 of at most 1" in deaths[0], deaths
+        assert ae.stats.num_running == 0 and ae.stats.kv_usage == 0, "the dead engine's gauges are zeroed"
+        with live.client() as http:
+            assert http.get("/health").json() == {"status": "starting", "restarts": 0}
+            assert http.get("/ready").status_code == 503
+            r = http.post("/v1/completions", json=seeded, headers=AUTH)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
+        wait_for(lambda: supervisor.status == "ok", 120)
+        # Serving again as soon as the new process has loaded (no back-off): from the kill to "ok" is the restart's
+        # own spawn and load, which on an idle machine is the first load's (on a shared CPU it varies, so the bound
+        # is loose).
+        waited = time.monotonic() - killed
+        assert waited < supervisor.last_restart_s + 3 and supervisor.last_restart_s < 4 * load_s + 10, (
+            waited, supervisor.last_restart_s, load_s)
+    after = _post(live, "/v1/completions", seeded)
+    assert after.status_code == 200 and _strip(after.json()) == _strip(before), "same fingerprint, same bits"
+    with live.client() as http:
+        assert http.get("/ready").status_code == 200 and http.get("/health").json() == {"status": "ok"}
+        assert f'samebits:engine_restarts_total{{model_name="{MODEL_NAME}"}} 1.0' in http.get("/metrics").text
+    _kill_mid_stream(live)
+    wait_for(lambda: supervisor.gave_up is not None, 30)
+    assert "after 1 restart(s)" in supervisor.gave_up and supervisor.status == "engine_dead"
+    live.thread.thread.join(60)
+    assert not live.thread.thread.is_alive(), "the server stopped, as `serve` exits with status 1"
     assert pair[0].healthy()  # the negative control: the thread backend's server serves on
+    # The fingerprint check itself, on the dead engine (as before the server shut it down), with a child that comes
+    # back as another identity.
+    from samebits.engine.engine_process import IdentityChanged
+
+    ready = (None, None, {**ae.engine.fingerprint(), "weights": "base"}, ae.stats)
+    monkeypatch.setattr(ae, "_spawn", lambda: ready)
+    monkeypatch.setattr(ae, "_stopping", False)
+    ae.engine._fingerprint = {**ae.engine.fingerprint(), "weights": "step-1"}  # what update_weights leaves
+    with pytest.raises(IdentityChanged, match="weights: served 'step-1', restarted 'base'"):
+        ae.restart()
 
 
 def test_a_child_that_dies_while_loading_fails_the_constructor(tiny_model_dir):

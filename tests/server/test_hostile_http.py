@@ -1,9 +1,10 @@
-"""Trust boundaries and HTTP edges (issue 20, items 7, 9, 10): nothing about versions before the key, the served name
-hides the real one, echoed values are cut, CL+TE is refused, HEAD and Allow work, and gauges follow an abort within
-one step."""
+"""Trust boundaries and HTTP edges: nothing about versions before the key, the served name hides the real one, echoed
+values are cut, CL+TE is refused, HEAD wherever GET and Allow on 405, duplicate JSON keys and loose logit_bias keys
+refused, every error OpenAI JSON with the request id, and gauges follow an abort within one step."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -98,12 +99,77 @@ def test_content_length_with_transfer_encoding_is_refused_and_closed(open_server
     assert plain.startswith(b"HTTP/1.1 200 ")
 
 
-def test_head_on_health_and_allow_on_405(open_server):
+def test_head_wherever_get_and_allow_on_405(open_server):
     with open_server.client() as http:
-        r = http.head("/health")
-        assert r.status_code == 200 and r.content == b""
+        for path in ("/health", "/ready", "/metrics", "/version", "/v1/models", f"/v1/models/{REAL}"):
+            got, head = http.get(path), http.head(path)
+            assert got.status_code == head.status_code == 200 and head.content == b"" and got.content, path
+            assert head.headers["content-type"] == got.headers["content-type"]
+        assert http.head("/admin/weights").status_code == 403  # as GET: a server without keys keeps admin shut
         r = http.get("/v1/completions")
         assert r.status_code == 405 and r.headers["allow"] == "POST"
+        assert http.head("/v1/completions").status_code == 405, "HEAD where GET is not allowed either"
+
+
+@pytest.mark.parametrize("body, key", [
+    (b'{"model": "tiny", "prompt": "x", "temperature": 0, "temperature": 2}', "temperature"),
+    (b'{"model": "tiny", "prompt": "x", "logit_bias": {"5": 1, "5": -100}}', "5"),
+    (b'{"model": "tiny", "messages": [{"role": "user", "content": "a", "role": "system"}]}', "role"),
+])
+def test_duplicate_json_keys_are_refused_naming_the_key(open_server, body, key):
+    path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
+    with open_server.client() as http:
+        r = http.post(path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == key, r.text
+        assert r.json()["error"]["code"] == "duplicate_key" and repr(key) in r.json()["error"]["message"]
+        # Control: each key once, the same request is served.
+        once = body.replace(b', "temperature": 2', b"").replace(b', "5": -100', b"").replace(b', "role": "system"', b"")
+        assert http.post(path, content=once, headers={"content-type": "application/json"}).status_code == 200
+
+
+@pytest.mark.parametrize("key", ["+5", "1_0", "\u0665", " 5", "5 ", "05", "-1", "0x5", "5.0", "", "1" * 11])
+def test_logit_bias_keys_must_be_plain_decimal_token_ids(open_server, key):
+    with open_server.client() as http:
+        r = http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1,
+                                                "logit_bias": {key: 1.0}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", (key, r.text)
+        for plain in ("0", "5", "511"):  # control: canonical ids in the vocabulary are taken
+            r = http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1,
+                                                    "logit_bias": {plain: 1.0}})
+            assert r.status_code == 200, (plain, r.text)
+        r = http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "logit_bias": {"512": 1.0}})
+        assert r.status_code == 400 and "outside the vocabulary [0, 512)" in r.json()["error"]["message"]
+
+
+def test_a_header_block_past_h11s_limit_is_refused_in_json(open_server):
+    """Headers over --max-header-bytes get the app's JSON 431; a block still incomplete past twice that is refused
+    by the protocol before any app runs, and that 400 is OpenAI JSON with a request id too."""
+    url = urlparse(open_server.url)
+    limit = 2 * open_server.config.max_header_bytes
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * limit)  # no end of headers yet
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head.lower()
+    assert b"x-request-id: " in head.lower() and json.loads(body)["error"]["code"] == "invalid_http"
+
+
+def test_an_unexpected_error_on_any_route_is_openai_json_with_the_request_id(open_server, monkeypatch):
+    """Not only the generation routes: an exception no route handles is a JSON 500 carrying X-Request-Id, through
+    the middleware. Control: the same route answers 200 when nothing raises."""
+    metrics = open_server.app.state.samebits.metrics
+
+    def broken() -> bytes:
+        raise RuntimeError("a bug")
+
+    with open_server.client() as http:
+        assert http.get("/metrics").status_code == 200
+        monkeypatch.setattr(metrics, "render", broken)
+        r = http.get("/metrics", headers={"x-request-id": "trace-7"})
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["code"] == "internal_error" and r.headers["x-request-id"] == "trace-7"
 
 
 def test_integral_floats_for_integer_fields_are_refused_naming_the_field(open_server):

@@ -30,9 +30,12 @@ def real(tiny_model_dir):
 def test_text_that_cannot_fit_is_refused_before_tokenizing(real):
     limit = 32 * real.engine.max_model_len  # state.PROMPT_CHARS_PER_TOKEN per token of context
     with real.client() as http:
+        # chat_template_kwargs count too: a template may render them into the prompt.
+        kwargs = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"doc": ["x" * limit]}}
         for path, body in ((CMPL, {"prompt": ["ok", "x" * limit]}),
                            (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * limit},
-                                                                            {"type": "text", "text": "y"}]}]})):
+                                                                            {"type": "text", "text": "y"}]}]}),
+                           (CHAT, kwargs)):
             r = http.post(path, json={"model": MODEL_NAME, **body})
             assert r.status_code == 400 and r.json()["error"]["code"] == "prompt_too_long", r.text
             assert str(limit) in r.json()["error"]["message"] and "max_prompt_chars" in r.json()["error"]["message"]

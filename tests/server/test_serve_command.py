@@ -14,20 +14,24 @@ from tests.subprocess_server import free_port, wait_healthy
 def test_serve_command_end_to_end_with_vllms_flags(tiny_model_dir, tmp_path):
     """The serve flags of 2026-12-04 that were "No such option": several served names (the first reported),
     a chat template file, --trust-remote-code (accepted, said unneeded), --disable-log-requests (no access lines),
-    --gpu-memory-utilization (on the CPU, accepted)."""
+    --gpu-memory-utilization (on the CPU, accepted). The key comes from SAMEBITS_API_KEY: the server's argv never
+    holds it."""
     from samebits.models.tokenizer import Tokenizer
 
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
     port = free_port()
     cmd = [sys.executable, "-m", "samebits", "serve", str(tiny_model_dir), "--served-model-name", "tiny", "other",
-           "--port", str(port), "--device", "cpu", "--max-model-len", "128", "--api-key", "sk-test",
+           "--port", str(port), "--device", "cpu", "--max-model-len", "128",
            "--log-level", "info", "--chat-template", str(template), "--trust-remote-code", "--disable-log-requests",
            "--gpu-memory-utilization", "0.9"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ}, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "SAMEBITS_API_KEY": "sk-test"})
     try:
         url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer sk-test"}
         wait_healthy(proc, url)
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            assert b"sk-test" not in f.read()
         r = httpx.post(f"{url}/v1/completions", headers=auth, timeout=60,
                        json={"model": "other", "prompt": "hello", "max_tokens": 3, "temperature": 0})
         assert r.status_code == 200 and r.headers["x-samebits-mode"] == "deterministic"

@@ -47,7 +47,8 @@ def release(device: str) -> None:
 
 def engine_for(loaded, mode: str, policy: str, device: str, cuda_graphs: bool = True,
                async_scheduling: bool | None = None, kv_cache_tokens: int | None = None,
-               max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS):
+               max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS, **fields):
+    """`fields`: any other EngineConfig field (benchmarks/fairness.py sets the prefill limits)."""
     from samebits.engine.llm_engine import LLMEngine
     from samebits.kernels import get_ops
 
@@ -55,7 +56,7 @@ def engine_for(loaded, mode: str, policy: str, device: str, cuda_graphs: bool = 
     config = EngineConfig(model=loaded.name, mode=mode, policy=policy, device=device, dtype=str(loaded.model.dtype),
                           max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=MAX_NUM_SEQS,
                           cuda_graphs=cuda_graphs, kv_cache_tokens=kv_cache_tokens,
-                          async_scheduling=async_scheduling)
+                          async_scheduling=async_scheduling, **fields)
     return LLMEngine(config, loaded)
 
 

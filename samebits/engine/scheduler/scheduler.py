@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Sequence as Sequence_
 from contextlib import contextmanager
 
@@ -24,6 +24,7 @@ from samebits.engine.scheduler.batch import ScheduledSeq, SchedulerOutput
 from samebits.engine.scheduler.block_manager import BlockManager, require
 from samebits.engine.scheduler.bucketed import BucketedPolicy
 from samebits.engine.scheduler.policies import DynamicPolicy
+from samebits.engine.scheduler.prefills import PrefillLimits
 from samebits.engine.sequence import FINISH_STATUS, Finish, Sequence, SequenceStatus, ends_by_length, make_sequences
 
 _POLICY_TYPES = {p.name: p for p in (DynamicPolicy, BucketedPolicy)}
@@ -75,9 +76,10 @@ class Scheduler:
     @classmethod
     def from_config(cls, config, num_blocks: int, max_model_len: int, max_inflight: int = 1) -> Scheduler:
         bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        options = {"prefill": PrefillLimits.from_config(config)} if config.policy == "dynamic" else {}
         return cls(bm, max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
                    max_num_batched_tokens=config.max_num_batched_tokens, policy=config.policy,
-                   max_waiting=config.max_waiting, max_inflight=max_inflight)
+                   max_waiting=config.max_waiting, max_inflight=max_inflight, **options)
 
     def _validate(self) -> None:
         if self.max_inflight not in (1, 2):
@@ -214,15 +216,17 @@ class Scheduler:
         bisect.insort(self.waiting, seq, key=lambda s: s.arrival)
         self.num_preemptions += 1
 
-    def admit(self, budget: int, max_chunk: int | None = None) -> ScheduledSeq | None:
-        """Admit the oldest waiting sequence whose request is under its cap (FCFS otherwise: if it does not fit,
-        nobody behind it jumps the queue)."""
+    def admit(self, budget: int, max_chunk: int | None = None,
+              may_start: Callable[[Sequence, int, int], bool] | None = None) -> ScheduledSeq | None:
+        """Admit the oldest waiting sequence whose request is under its cap and that `may_start(seq, tokens to
+        compute, first chunk)` lets start (the policy's partial-prefill limits). FCFS otherwise: if it does not fit,
+        nobody behind it jumps the queue."""
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return None
-        seq = self._next_admissible()
-        if seq is None or seq.num_pending:  # preempted before its draw was read back: its prefix hashes need that token
+        found = self._next_admissible(budget, max_chunk or budget, may_start)
+        if found is None:
             return None
-        n = min(seq.num_tokens - self.bm.num_cached_prefix_tokens(seq), budget, max_chunk or budget)
+        seq, n = found
         if not self.bm.can_allocate(seq, n):
             return None
         self.waiting.remove(seq)
@@ -234,11 +238,19 @@ class Scheduler:
         self._unadmitted.discard(seq.request_id)
         return self._item(seq, n)
 
-    def _next_admissible(self) -> Sequence | None:
-        """The oldest waiting sequence whose request holds fewer than per_request_cap running slots."""
+    def _next_admissible(self, budget: int, max_chunk: int,
+                         may_start: Callable[[Sequence, int, int], bool] | None) -> tuple[Sequence, int] | None:
+        """The oldest waiting sequence whose request holds fewer than per_request_cap running slots and that may
+        start now, with its first chunk's size."""
         for seq in self.waiting:
-            if self._num_running(seq.request_id) < self.per_request_cap:
-                return seq
+            if self._num_running(seq.request_id) >= self.per_request_cap:
+                continue
+            if seq.num_pending:  # preempted before its draw was read back: its prefix hashes need that token
+                return None
+            remaining = seq.num_tokens - self.bm.num_cached_prefix_tokens(seq)
+            n = min(remaining, budget, max_chunk)
+            if may_start is None or may_start(seq, remaining, n):
+                return seq, n
         return None
 
     def _num_running(self, request_id: str) -> int:
