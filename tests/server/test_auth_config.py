@@ -163,8 +163,10 @@ NON_DEFAULT_FLAGS = {
     "max_long_partial_prefills": ["--max-long-partial-prefills", "2"], "timeout_write": ["--timeout-write", "3.5"],
     "api_key_file": ["--api-key-file", "keys.txt"], "max_engine_restarts": ["--max-engine-restarts", "0"],
 }
-# Fields whose non-default value the ones above exclude (several replicas need tensor_parallel_size=1): a second run.
-OTHER_FLAGS = {"data_parallel_size": ["--data-parallel-size", "2"]}
+# Fields whose non-default value the ones above exclude (several replicas and speculation need tensor_parallel_size=1,
+# speculation the dynamic policy): a second run.
+OTHER_FLAGS = {"data_parallel_size": ["--data-parallel-size", "2"],
+               "speculative_config": ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']}
 
 
 def _serve_config(monkeypatch, flags: dict):
