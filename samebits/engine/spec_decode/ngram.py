@@ -1,4 +1,5 @@
-"""Prompt lookup (vLLM's "ngram" method): the tokens that followed an earlier occurrence of the sequence's last n tokens.
+"""Prompt lookup (vLLM's "ngram" method): the tokens that followed an earlier occurrence of the sequence's last n
+tokens.
 
 Torch-free, on the host. vLLM's rule: the longest suffix n-gram with prompt_lookup_min <= n <= prompt_lookup_max that
 occurs earlier in the sequence (prompt and output), at its earliest occurrence; up to k of the tokens after it. Each
