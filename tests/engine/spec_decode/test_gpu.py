@@ -49,8 +49,13 @@ def test_plain_decodings_bits_on_cuda(ckpt, plain, spec, graphs):
     assert bool(engine.runner.verify_graphs and engine.runner.verify_graphs.graphs) == graphs
 
 
-def test_preempted_in_a_small_pool_on_cuda(ckpt, plain):
-    ps, params, expected = plain
+def test_preempted_in_a_small_pool_on_cuda(ckpt):
+    """Prompts of 48-60 tokens, so every sequence outgrows its first 64-token CUDA page while it decodes (with the
+    plain fixture's prompts, at most 40 + 12 tokens, none did and nothing was preempted on the H200), in a pool of
+    ten pages."""
+    ps = [(p * 60)[:max(len(p), 48)] for p in prompts(24, 7, longest=60)]
+    params = [GREEDY if i % 2 else COOL for i in range(24)]
+    expected = run(LLM(ckpt, **ENGINE), ps, params)
     llm = LLM(ckpt, speculative_config=ngram(4), **{**ENGINE, "kv_cache_tokens": 640})
     assert run(llm, ps, params) == expected
     assert llm.engine.stats().num_preemptions > 0
