@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from samebits.diagnostics.bench.bound import of_roofline, weights_dtype, workload_bound
+from samebits.diagnostics.bench.bound import weights_dtype, with_step_bound, workload_bound
 from samebits.diagnostics.bench.config import MAX_NUM_BATCHED_TOKENS
 from samebits.diagnostics.bench.invariance import picks
 from samebits.diagnostics.bench.load import run_load
-from samebits.diagnostics.bench.report import roofline_cell, steps_table
+from samebits.diagnostics.bench.report import roofline_cell, step_bound_lines, steps_table
 from samebits.diagnostics.bench.run import engine_for, kv_tokens_for, measure, pool_tokens, release
 from samebits.diagnostics.bench.shapes import SHAPES, NullTokenizer, random_shape_model
 from samebits.diagnostics.bench.workload import workload
@@ -154,7 +154,7 @@ def main() -> None:
                 stats["kv_cache_tokens"] = kv_tokens = pool_tokens(engine)
                 stats["batch1_decode_ms"] = decode_step_ms(engine)
                 stats["batch64_decode_ms"] = decode_step_ms(engine, steps=16 if args.quick else 64, batch=64)
-                stats["of_roofline"] = of_roofline(bound, stats["seconds"])
+                stats = with_step_bound(stats, bound, loaded.config)
             report["modes"][f"{prefix}{mode}/{policy}"] = stats
             print(prefix + mode, policy, json.dumps(stats), flush=True)
             (args.out / "e2e.json").write_text(json.dumps(report, indent=2))  # partial results survive a timeout
@@ -188,15 +188,19 @@ def print_table(report: dict) -> None:
     from rich.table import Table
 
     t = Table(title=f"e2e {report['shape']}, {report['requests']} requests")
-    for c in ("mode", "tok/s", "of roofline", "TTFT s", "ITL ms", "b1 decode ms", "b64 decode ms", "alone≠loaded"):
+    for c in ("mode", "tok/s", "of roofline", "of step-max", "TTFT s", "ITL ms", "b1 decode ms", "b64 decode ms",
+              "alone≠loaded"):
         t.add_column(c)
     for name, s in report["modes"].items():
-        t.add_row(name, f"{s['output_tok_per_s']:.0f}", roofline_cell(s["of_roofline"]), f"{s['ttft_mean_s']:.2f}",
+        t.add_row(name, f"{s['output_tok_per_s']:.0f}", roofline_cell(s["of_roofline"]),
+                  roofline_cell(s["of_step_roofline"]), f"{s['ttft_mean_s']:.2f}",
                   f"{s['itl_mean_ms']:.1f}",
                   f"{s['batch1_decode_ms']:.2f}", f"{s['batch64_decode_ms']:.2f}",
                   f"{s['alone_vs_loaded_mismatches']}/{s['checked']}")
     Console().print(t)
     Console().print(steps_table(report["modes"]))
+    for line in step_bound_lines(report["modes"]):
+        print(line)
     r = report["roofline"]
     bound = (f"roofline {r['total_s']:.2f} s (prefill {r['prefill_s']:.2f}, decode {r['decode_s']:.2f})"
              if r["total_s"] is not None else f"roofline n/a ({r['reason']})")

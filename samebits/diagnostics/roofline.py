@@ -5,12 +5,21 @@ attention), then all requests decode together, up to `max_num_seqs` at a time, o
 larger of its FLOPs at `peak_flops` and its bytes at `peak_bytes` (the weights read once, plus the KV of every running
 sequence). Achieved time / this bound is the share of the GPU a benchmark gets. Torch-free arithmetic.
 
+The step-max roofline (`step_roofline`) costs the steps a run actually launched instead: each step the larger of its
+FLOPs at the peak and its bytes (weights once per step, each chunk's context KV once) at HBM speed, summed. It charges
+every step for its weights, so prefill chunks pay for theirs and a schedule with more steps than the ideal pays for
+each, but a mixed step's decode rows ride on its prefill's FLOPs for free where the ideal schedule decodes them in
+steps of their own: it is not above or below the ideal bound in general (tests/diagnostics/test_roofline.py). What
+always holds: it is at least the steps' FLOPs at the peak and at least their bytes at HBM speed, so never below the
+ideal prefill bound when the steps compute every prompt token.
+
 A mixture of experts counts what a token touches: FLOPs of its active parameters (attention, router, shared expert
 and its k experts), and per decode step the bytes of the experts that step's rows route to, E * (1 - (1 - k/E)^rows)
 of a sparse layer's E on average under uniform routing (what random-weight models show), never all of them.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from samebits.models.config import ModelConfig
@@ -90,36 +99,73 @@ class Bound:
         return self.prefill_s + self.decode_s
 
 
+@dataclass(frozen=True)
+class StepWork:
+    """What one step computes: `tokens` rows through the layers, `samples` of them through the lm_head, `pairs`
+    (query, key) pairs of causal attention, `keys` KV entries read (each chunk reads its context once)."""
+    tokens: int
+    samples: int
+    pairs: int
+    keys: int
+
+
+def step_work(chunks: Iterable[tuple[int, int, bool]]) -> StepWork:
+    """A step of chunks (new tokens, tokens computed before, sampled?): new row i at position start + i sees
+    start + i + 1 keys."""
+    tokens = samples = pairs = keys = 0
+    for n, start, sample in chunks:
+        tokens, samples, keys = tokens + n, samples + sample, keys + start + n
+        pairs += n * start + n * (n + 1) // 2
+    return StepWork(tokens, samples, pairs, keys)
+
+
+def step_flops(m: ModelConfig, w: StepWork) -> float:
+    return 2.0 * active_params(m) * w.tokens + 2.0 * m.vocab_size * m.hidden_size * w.samples + \
+        attention_flops(m, w.pairs, 1)
+
+
+def step_bytes(m: ModelConfig, w: StepWork, dtype_bytes: int) -> float:
+    return weight_bytes(m, dtype_bytes, w.tokens) + kv_bytes_per_token(m, dtype_bytes) * w.keys
+
+
+def step_seconds(m: ModelConfig, w: StepWork, dtype_bytes: int, peak_flops: float, peak_bytes: float) -> float:
+    """The step's FLOPs at the peak or its bytes at HBM speed, whichever takes longer."""
+    return max(step_flops(m, w) / peak_flops, step_bytes(m, w, dtype_bytes) / peak_bytes)
+
+
+def step_roofline(m: ModelConfig, steps: Iterable[StepWork], dtype_bytes: int, peak_flops: float,
+                  peak_bytes: float) -> float:
+    """Seconds the given steps cannot beat: the sum of each step's `step_seconds`."""
+    return sum(step_seconds(m, w, dtype_bytes, peak_flops, peak_bytes) for w in steps)
+
+
 def prefill_seconds(m: ModelConfig, prompt_lens: list[int], peak_flops: float) -> float:
-    flops = 0.0
-    for n in prompt_lens:
-        # every row through the layers, the last row through the lm_head; causal: row i sees i + 1 keys
-        flops += 2.0 * active_params(m) * n + 2.0 * m.vocab_size * m.hidden_size
-        flops += attention_flops(m, n, (n + 1) / 2)
-    return flops / peak_flops
+    """Every prompt in one step of its own, compute-bound: every row through the layers, the last through the
+    lm_head."""
+    return sum(step_flops(m, step_work([(n, 0, True)])) for n in prompt_lens) / peak_flops
 
 
-def decode_seconds(m: ModelConfig, dtype_bytes: int, prompt_lens: list[int], output_lens: list[int],
-                   max_num_seqs: int, peak_flops: float, peak_bytes: float) -> tuple[float, int]:
-    """-> (seconds, steps). The first output token comes from prefill; each later one is a decode row."""
+def decode_steps(prompt_lens: list[int], output_lens: list[int], max_num_seqs: int) -> Iterable[StepWork]:
+    """The ideal decode schedule's steps: the first output token comes from prefill; each later one is a decode row,
+    up to max_num_seqs sequences at a time, oldest first."""
     waiting = [(p, o - 1) for p, o in zip(prompt_lens, output_lens) if o > 1]
-    running: list[list[int]] = []  # [context length, decode rows left]
-    seconds, steps = 0.0, 0
+    running: list[list[int]] = []  # [tokens before this step's row, decode rows left]
     while waiting or running:
         while waiting and len(running) < max_num_seqs:
             p, left = waiting.pop(0)
-            running.append([p + 1, left])
-        rows = len(running)
-        context = sum(r[0] for r in running)
-        flops = rows * 2.0 * (active_params(m) + m.vocab_size * m.hidden_size) + attention_flops(m, 1, context)
-        nbytes = weight_bytes(m, dtype_bytes, rows) + kv_bytes_per_token(m, dtype_bytes) * context
-        seconds += max(flops / peak_flops, nbytes / peak_bytes)
-        steps += 1
+            running.append([p, left])
+        yield step_work((1, r[0], True) for r in running)
         for r in running:
             r[0] += 1
             r[1] -= 1
         running = [r for r in running if r[1] > 0]
-    return seconds, steps
+
+
+def decode_seconds(m: ModelConfig, dtype_bytes: int, prompt_lens: list[int], output_lens: list[int],
+                   max_num_seqs: int, peak_flops: float, peak_bytes: float) -> tuple[float, int]:
+    """-> (seconds, steps) of the ideal decode schedule (`decode_steps`)."""
+    steps = list(decode_steps(prompt_lens, output_lens, max_num_seqs))
+    return step_roofline(m, steps, dtype_bytes, peak_flops, peak_bytes), len(steps)
 
 
 def roofline(m: ModelConfig, prompt_lens: list[int], output_lens: list[int], dtype_bytes: int = 2,

@@ -66,6 +66,15 @@ class AttentionMetadata:
                                    block_tables=self.block_tables[n:], leading_decodes=0)
         return head, rest
 
+    def derived(self, key: tuple, build):
+        """build(), computed once per metadata and kept for every later call with the same `key`: index plans a
+        backend derives from this step's batch alone, the same in every layer. `key` names every other input of
+        build."""
+        memo = self.__dict__.setdefault("_derived", {})
+        if key not in memo:
+            memo[key] = build()
+        return memo[key]
+
     @classmethod
     def build(cls, query_lens, context_lens, block_tables, block_size: int, device=None) -> AttentionMetadata:
         """From host lists: query_lens[b] new tokens, context_lens[b] total tokens, block_tables[b] block ids."""

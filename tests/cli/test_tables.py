@@ -107,11 +107,13 @@ def _bench_report(roofline: dict) -> dict:
     kinds = {k: {"steps": 12345, "seconds": 1234.56, "mean_ms": 12345.6, "mean_tokens": 8192, "mean_rows": 256}
              for k in ("decode", "mixed", "prefill", "empty")}
     stats = {"output_tok_per_s": 12345.6, "ttft_mean_s": 123.45, "itl_mean_ms": 1234.5, "seconds": 12345.67,
-             "of_roofline": 0.4812, "alone_vs_loaded_mismatches": 256, "checked": 256,
+             "of_roofline": 0.4812, "of_step_roofline": 0.6123, "alone_vs_loaded_mismatches": 256, "checked": 256,
+             "step_roofline": {"total_s": 1234.56, "by_kind_s": {"decode": 1234.56, "mixed": 123.45, "prefill": 12.34}},
              "steps": {"steps": 123456, "in_step_s": 12000.0, "between_steps_s": 345.67, "by_kind": kinds}}
     return {"model": "/home/someone/models/Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf", "device": "cuda",
             "workload": {"requests": 65536}, "roofline": roofline, "deterministic_tax": -0.0213,
-            "modes": {"deterministic": stats, "fast": {**stats, "of_roofline": None}}}
+            "modes": {"deterministic": stats, "fast": {**stats, "of_roofline": None, "of_step_roofline": None,
+                                                        "step_roofline": None}}}
 
 
 H200_BOUND = {"device": "NVIDIA H200", "dtype": "bfloat16", "total_s": 6.05, "prefill_s": 2.45, "decode_s": 3.6,
@@ -149,7 +151,7 @@ def test_rl_demo_lines_fit_80_columns():
 @pytest.mark.parametrize("bound", [H200_BOUND, UNKNOWN_BOUND])
 def test_bench_lines_fit_80_columns(bound):
     lines = bench_lines(_bench_report(bound))
-    assert len(lines) == 4 and max(len(line) for line in lines) <= 80, "\n".join(lines)
+    assert len(lines) == 5 and max(len(line) for line in lines) <= 80, "\n".join(lines)
 
 
 def test_negative_control_a_plain_table_of_the_same_values_folds():

@@ -11,7 +11,7 @@ from samebits.diagnostics.bench.invariance import alone_vs_loaded, picks
 from samebits.diagnostics.bench.load import run_load
 from samebits.diagnostics.bench.run import bench_workload, engine_for, load, run_bench
 from samebits.diagnostics.bench.workload import workload
-from samebits.diagnostics.roofline import H200_PEAK_BYTES, H200_PEAK_FLOPS, roofline
+from samebits.diagnostics.roofline import H200_PEAK_BYTES, H200_PEAK_FLOPS, StepWork, roofline, step_roofline
 from samebits.kernels import get_ops
 from samebits.progress import progress_bar
 from samebits.runtime import runtime_for
@@ -21,7 +21,7 @@ SEED = 3  # the workload's and the requests' seed, fixed
 CONFIG = BenchConfig(random_shape="tiny", device="cpu", requests=4, prompt_tokens=(8, 48), output_tokens=(4, 12),
                      rerun_alone=4, seed=SEED)
 STATS = {"seconds", "output_tok_per_s", "ttft_mean_s", "itl_mean_ms", "generated_tokens", "steps",
-         "alone_vs_loaded_mismatches", "checked", "of_roofline"}
+         "alone_vs_loaded_mismatches", "checked", "of_roofline", "step_roofline", "of_step_roofline"}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_report_has_every_number_and_no_roofline_on_the_cpu(report):
     for stats in report["modes"].values():
         assert STATS <= set(stats)
         assert stats["generated_tokens"] == report["workload"]["output_tokens"]
-        assert stats["of_roofline"] is None
+        assert stats["of_roofline"] is None and stats["step_roofline"] is None and stats["of_step_roofline"] is None
         steps = stats["steps"]
         assert sum(k["seconds"] for k in steps["by_kind"].values()) == pytest.approx(steps["in_step_s"])
         assert steps["in_step_s"] + steps["between_steps_s"] == pytest.approx(stats["seconds"])
@@ -104,6 +104,23 @@ def test_roofline_only_where_the_peaks_were_measured(loaded, monkeypatch):
     assert "NVIDIA H100 80GB HBM3 bfloat16" in other["reason"]
 
 
+def test_the_step_max_roofline_costs_the_runs_own_steps(report, loaded, monkeypatch):
+    """At the H200's peaks: the sum over the steps the run logged, by kind, and the share of the run's wall time."""
+    work = bench_workload(CONFIG, loaded.config)
+    monkeypatch.setattr(bound, "device_name", lambda device: "NVIDIA H200")
+    h200 = bound.workload_bound(loaded.config, work, torch.bfloat16, "cuda", max_num_seqs=256)
+    stats = report["modes"]["deterministic"]
+    steps = [StepWork(*row[1:]) for row in stats["steps"]["work"]]
+    assert len(steps) == stats["steps"]["steps"]
+    assert {row[0] for row in stats["steps"]["work"]} == set(stats["steps"]["by_kind"])
+    got = bound.with_step_bound(stats, h200, loaded.config)
+    expect = step_roofline(loaded.config, steps, 2, H200_PEAK_FLOPS, H200_PEAK_BYTES)
+    assert got["step_roofline"]["total_s"] == pytest.approx(expect)
+    assert sum(got["step_roofline"]["by_kind_s"].values()) == pytest.approx(expect)
+    assert got["of_step_roofline"] == pytest.approx(expect / stats["seconds"])
+    assert got["of_roofline"] == pytest.approx(h200["total_s"] / stats["seconds"])
+
+
 @pytest.mark.gpu
 def test_on_the_gpu_deterministic_is_invariant_and_the_roofline_known_only_on_the_h200():
     config = dataclasses.replace(CONFIG, device="cuda")
@@ -124,6 +141,7 @@ def test_the_timed_load_computes_every_prompt_token(report):
     for stats in report["modes"].values():
         batched = sum(k["mean_tokens"] * k["steps"] for k in stats["steps"]["by_kind"].values())
         assert batched == pytest.approx(w["prompt_tokens"] + w["output_tokens"] - w["requests"])
+        assert sum(row[1] for row in stats["steps"]["work"]) == round(batched)
 
 
 def test_a_warm_pass_runs_the_workload_untimed_and_leaves_nothing_cached(loaded):

@@ -1,15 +1,25 @@
-"""The roofline's arithmetic, checked by hand on a toy shape and for sense on the 8B shape."""
+"""The roofline's arithmetic, checked by hand on a toy shape and for sense on the 8B shape; the step-max roofline by
+hand and in its true relations to the ideal one."""
+import random
+
 import pytest
 
 from samebits.diagnostics.bench.shapes import shape_config
 from samebits.diagnostics.roofline import (
     H200_PEAK_BYTES,
+    H200_PEAK_FLOPS,
+    StepWork,
     active_params,
     decode_seconds,
+    decode_steps,
     kv_bytes_per_token,
     layer_params,
     prefill_seconds,
     roofline,
+    step_bytes,
+    step_flops,
+    step_roofline,
+    step_work,
     touched_experts,
     weight_bytes,
 )
@@ -85,3 +95,58 @@ def test_qwen3_30b_a3b_active_and_touched():
     bound = roofline(m, [512], [65])
     assert bound.decode_s / bound.decode_steps == pytest.approx(weight_bytes(m, 2, rows=1) / H200_PEAK_BYTES,
                                                                 rel=0.02)
+
+
+def test_step_work_counts_causal_pairs_and_keys_read():
+    # a chunk of 3 new tokens after 2 computed (rows see 3, 4, 5 keys, 5 keys read) and a decode row at position 6
+    assert step_work([(3, 2, True), (1, 6, True), (2, 0, False)]) == StepWork(6, 2, 12 + 7 + 3, 5 + 7 + 2)
+
+
+def test_step_max_of_a_tiny_step_list_by_hand():
+    # TOY per step: flops 2*34*tokens + 2*20*samples + 4*2*pairs; bytes (34 + 20)*2 + 8*keys
+    prefill, mixed, decode = StepWork(4, 1, 10, 4), StepWork(3, 2, 9, 7), StepWork(1, 1, 5, 5)
+    assert [step_flops(TOY, w) for w in (prefill, mixed, decode)] == [392, 356, 148]
+    assert [step_bytes(TOY, w, 2) for w in (prefill, mixed, decode)] == [140, 164, 148]
+    # peaks 2 FLOP/s and 1 B/s: max(196, 140) + max(178, 164) + max(74, 148)
+    assert step_roofline(TOY, [prefill, mixed, decode], 2, peak_flops=2.0, peak_bytes=1.0) == 196 + 178 + 148
+
+
+def _random_steps(rng: random.Random, n: int) -> list[StepWork]:
+    chunks = [[(rng.randint(1, 64), rng.randint(0, 512), rng.random() < 0.5) for _ in range(rng.randint(1, 8))]
+              for _ in range(n)]
+    return [step_work(c) for c in chunks]
+
+
+def test_step_max_is_at_least_the_steps_flops_and_bytes(seed):
+    steps = _random_steps(random.Random(seed), 50)
+    total = step_roofline(LLAMA_8B, steps, 2, H200_PEAK_FLOPS, H200_PEAK_BYTES)
+    assert total >= sum(step_flops(LLAMA_8B, w) for w in steps) / H200_PEAK_FLOPS
+    assert total >= sum(step_bytes(LLAMA_8B, w, 2) for w in steps) / H200_PEAK_BYTES
+
+
+def test_step_max_of_the_ideal_schedule_is_at_least_the_ideal_roofline():
+    """Run on the ideal roofline's own schedule (each prompt a step of its own, then its decode steps), the step-max
+    roofline equals its decode part and is at least its prefill part (which leaves the weights' bytes out)."""
+    prompts, outputs = [512, 100, 2048, 7], [65, 200, 3, 1]
+    ideal = roofline(LLAMA_8B, prompts, outputs, max_num_seqs=2)
+    prefill = [step_work([(n, 0, True)]) for n in prompts]
+    decode = list(decode_steps(prompts, outputs, 2))
+    assert step_roofline(LLAMA_8B, decode, 2, H200_PEAK_FLOPS, H200_PEAK_BYTES) == pytest.approx(ideal.decode_s)
+    assert step_roofline(LLAMA_8B, prefill, 2, H200_PEAK_FLOPS, H200_PEAK_BYTES) >= ideal.prefill_s
+    # the 7-token prompt's step is memory-bound: its weights cost more than its FLOPs
+    assert step_roofline(LLAMA_8B, prefill, 2, H200_PEAK_FLOPS, H200_PEAK_BYTES) > ideal.prefill_s * 1.01
+    assert step_roofline(LLAMA_8B, prefill + decode, 2, H200_PEAK_FLOPS, H200_PEAK_BYTES) >= ideal.total_s
+
+
+def test_a_mixed_schedule_can_put_the_step_max_below_the_ideal_roofline():
+    """Not >= the ideal roofline in general: a short request's decode rows riding on a long prompt's compute-bound
+    prefill chunks cost their FLOPs only, where the ideal schedule gives them decode steps that read every weight."""
+    long, short, out = 8192, 16, 16
+    chunks = 16
+    steps = [step_work([(short, 0, True)])]
+    steps += [step_work([(long // chunks, i * long // chunks, i == chunks - 1)] + ([(1, short + i, True)] if i < out - 1
+                                                                                 else [])) for i in range(chunks)]
+    ideal = roofline(LLAMA_8B, [long, short], [1, out])
+    mixed = step_roofline(LLAMA_8B, steps, 2, H200_PEAK_FLOPS, H200_PEAK_BYTES)
+    assert sum(w.tokens for w in steps) == long + short + out - 1  # the same work
+    assert mixed < ideal.total_s

@@ -4,6 +4,7 @@ The scenario helpers here are reused by triton/test_attention.py (interpreter) a
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from dataclasses import dataclass
@@ -148,6 +149,30 @@ def test_page_size_does_not_change_bits():
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
             assert_same_bits(b, a, "page size 1 vs 16/64")
+
+
+def test_a_steps_plan_serves_every_layer_and_every_knob_gets_its_own():
+    """The CPU path derives its gather plan from the metadata once (AttentionMetadata.derived) and every layer reuses
+    it: with one metadata object, other caches (another layer) and other tile knobs give the bits a fresh metadata
+    gives; a plan that ignored the caches or the knobs would hand one layer's keys or tiles to the next."""
+    world = make_world([150, 20, 60], 9, 3, 64, 16, seed=29)
+    other = make_world([150, 20, 60], 9, 3, 64, 16, seed=31)  # the next layer: other keys, values and queries
+    reqs = [(1, 20, 1), (0, 150, 30), (2, 60, 1)]
+    meta = AttentionMetadata.build([r[2] for r in reqs], [r[1] for r in reqs], [world.tables[r[0]] for r in reqs],
+                                   16, "cpu")
+
+    def call(w, m, **kw):
+        q = torch.cat([w.q[s][ctx - n:ctx] for s, ctx, n in reqs])
+        return paged_attention_cpu(q, w.k_cache, w.v_cache, m, w.scale, **kw)
+
+    def fresh():
+        return dataclasses.replace(meta)
+
+    other.k_cache.copy_(world.k_cache.flip(0))  # the same tables then read other keys
+    other.v_cache.copy_(world.v_cache.flip(0))
+    for w, kw in [(world, {}), (other, {}), (world, {"tile": 64})]:
+        assert_same_bits(call(w, meta, **kw), call(w, fresh(), **kw), f"plan reused for {kw}")
+    assert not mismatch(call(other, meta), call(world, meta)).same  # the control: layers do differ
 
 
 def test_run_to_run():

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from samebits.diagnostics.jsonfile import write_json
 
-MODE_COLUMNS = ("mode", "tok/s", "TTFT s", "ITL ms", "in step", "roofline", "alone≠loaded")
+MODE_COLUMNS = ("mode", "tok/s", "TTFT s", "ITL ms", "in step", "roof/step", "alone≠loaded")
 STEP_COLUMNS = ("mode", "kind", "steps", "seconds", "mean ms", "tokens", "rows")
 
 
@@ -27,9 +27,11 @@ def roofline_cell(share: float | None) -> str:
 
 def mode_table(report: dict) -> Table:
     """`in step`: the share of the wall time spent inside engine.step (the rest is the caller's, between steps);
-    `roofline`: achieved / roofline, the workload's lower bound over its wall time."""
+    `roof/step`: achieved / roofline, the workload's ideal lower bound over its wall time, then the same for the
+    step-max roofline of the steps the run launched (diagnostics/roofline.py step_roofline)."""
     rows = [(name, f"{s['output_tok_per_s']:.0f}", f"{s['ttft_mean_s']:.2f}", f"{s['itl_mean_ms']:.1f}",
-             f"{s['steps']['in_step_s'] / s['seconds']:.0%}", roofline_cell(s["of_roofline"]),
+             f"{s['steps']['in_step_s'] / s['seconds']:.0%}",
+             f"{roofline_cell(s['of_roofline'])}/{roofline_cell(s.get('of_step_roofline'))}",
              f"{s['alone_vs_loaded_mismatches']}/{s['checked']}") for name, s in report["modes"].items()]
     return _table(f"samebits bench · {report['model']} · {report['device']} · {report['workload']['requests']} "
                   "requests", MODE_COLUMNS, rows)
@@ -52,8 +54,20 @@ def lines(report: dict) -> list[str]:
     else:
         out.append(f"roofline {r['total_s']:.2f} s (prefill {r['prefill_s']:.2f}, decode {r['decode_s']:.2f}) at "
                    f"{r['peak_flops'] / 1e12:.0f} TFLOP/s, {r['peak_bytes'] / 1e12:.1f} TB/s")
+    out += step_bound_lines(report["modes"])
     if "deterministic_tax" in report:
         out.append(f"deterministic-mode tax {report['deterministic_tax']:.1%} of fast mode's tok/s")
+    return out
+
+
+def step_bound_lines(modes: dict) -> list[str]:
+    """Per mode with known peaks: the step-max roofline of its own steps, by kind of step."""
+    out = []
+    for name, s in modes.items():
+        b = s.get("step_roofline")
+        if b is not None:
+            kinds = ", ".join(f"{k} {v:.1f}" for k, v in sorted(b["by_kind_s"].items()) if v)
+            out.append(f"{name}: step-max {b['total_s']:.1f} s ({kinds})")
     return out
 
 

@@ -10,7 +10,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-from samebits.diagnostics.bench.bound import of_roofline, weights_dtype, workload_bound
+from samebits.diagnostics.bench.bound import weights_dtype, with_step_bound, workload_bound
 from samebits.diagnostics.bench.config import MAX_NUM_BATCHED_TOKENS, BenchConfig
 from samebits.diagnostics.bench.invariance import alone_vs_loaded, picks
 from samebits.diagnostics.bench.load import run_load
@@ -114,8 +114,7 @@ def run_bench(config: BenchConfig, loaded, work: Workload, device: str, bar) -> 
             stats = _measure_mode(loaded, mode, device, work, chosen, config, functools.partial(bar.advance, task),
                                   kv_tokens)
             report["fingerprints"][mode] = fingerprint(mode, None, loaded.numerics())  # what produced these bits
-        stats["of_roofline"] = of_roofline(report["roofline"], stats["seconds"])
-        report["modes"][mode] = stats
+        report["modes"][mode] = stats = with_step_bound(stats, report["roofline"], loaded.config)
         kv_tokens = stats["kv_cache_tokens"]
     if len(report["modes"]) == 2:
         tok_s = {mode: stats["output_tok_per_s"] for mode, stats in report["modes"].items()}
