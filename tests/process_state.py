@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from samebits.kernels import dropin
-from samebits.runtime import mkl
+from samebits.kernels.cpu import mkl
 
 # SIGALRM is pytest-timeout's, set around each test.
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE, signal.SIGUSR1,

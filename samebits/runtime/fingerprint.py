@@ -9,6 +9,9 @@ import platform
 from pathlib import Path
 
 from samebits import __version__
+from samebits.kernels import configs, vendor_fp8, vendor_gemm
+from samebits.kernels.cpu import gemm as cpu_gemm
+from samebits.kernels.cpu import mkl
 
 # Fields that describe the run rather than the numerics: shown, never hashed.
 # vendor_gemm, vendor_fp8: the vendor GEMM routes' self-test verdicts; a route is only taken where it gives the Triton
@@ -114,40 +117,13 @@ def _package_version(name: str) -> str | None:
         return None
 
 
-def numerics_profile() -> dict:
-    from samebits.kernels.configs import numerics_profile as profile
-
-    return profile()
-
-
-def _vendor_gemm_verdicts() -> dict:
-    from samebits.kernels.vendor_gemm import verdicts
-
-    return verdicts()
-
-
-def _vendor_fp8_verdicts() -> dict:
-    from samebits.kernels.vendor_fp8 import verdicts
-
-    return verdicts()
-
-
-def _cpu_gemm_verdicts() -> dict:
-    from samebits.kernels.cpu.gemm import verdicts
-
-    return verdicts()
-
-
 def _mkl_fields(torch) -> dict:
     """MKL as it computes in this process: version, reproducibility mode, threads, and the known answer of one
     canonical block of the CPU route (two machines with the same answer computed that block alike)."""
-    from samebits.kernels.cpu.gemm import known_answer
-    from samebits.runtime import mkl
-
     version = next((line.strip(" -") for line in torch.__config__.show().splitlines() if "Math Kernel Library" in line),
                    None)
     return {"mkl": version, "mkl_cnr": mkl.cnr_mode(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "cpu_gemm_answer": known_answer(), "cpu_vector_math_answer": vector_math_answer(torch)}
+            "cpu_gemm_answer": cpu_gemm.known_answer(), "cpu_vector_math_answer": vector_math_answer(torch)}
 
 
 def vector_math_answer(torch) -> str:
@@ -177,7 +153,7 @@ def fingerprint(mode: str = "deterministic", tensor_parallel: dict | None = None
     without it the fingerprint is the runtime's alone, as `samebits fingerprint` and the lock show it."""
     import torch
 
-    profile = numerics_profile()
+    profile = configs.numerics_profile()
     fields = {
         "samebits": __version__,
         "python": platform.python_version(),
@@ -194,9 +170,9 @@ def fingerprint(mode: str = "deterministic", tensor_parallel: dict | None = None
         "mode": mode,
         "tensor_parallel": tensor_parallel or {"size": 1, "all_reduce": None, "invariant": False},
         "numerics_profile": hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()[:16],
-        "vendor_gemm": _vendor_gemm_verdicts(),
-        "vendor_fp8": _vendor_fp8_verdicts(),
-        "cpu_gemm": _cpu_gemm_verdicts(),
+        "vendor_gemm": vendor_gemm.verdicts(),
+        "vendor_fp8": vendor_fp8.verdicts(),
+        "cpu_gemm": cpu_gemm.verdicts(),
     }
     fields["hash"] = _hash(fields)
     return fields

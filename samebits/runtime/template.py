@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 
 from samebits.kernels.configs import TILE_CONFIGS
+from samebits.kernels.cpu import mkl
+from samebits.kernels.vector_math import settle
 
 # cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it creates its handle, so it must be set before CUDA work starts.
 # CUBLASLT_WORKSPACE_SIZE (KiB) is read once, at torch's first cuBLASLt call: 1 KiB leaves cuBLASLt no room to split K,
@@ -17,7 +19,7 @@ from samebits.kernels.configs import TILE_CONFIGS
 # NCCL: ring algorithm and simple protocol are pinned so a later tensor-parallel all-reduce has one reduction order;
 # NVLS (NVLink multicast) is off because its in-switch reduction order is not ours to fix.
 # MKL_CBWR: MKL's strict reproducible mode (kernels/configs.py `cpu_mkl` says why and which two are accepted), read
-# once, at MKL's first computation; runtime/mkl.py pins it in-process, so entering the template before any matmul
+# once, at MKL's first computation; kernels/cpu/mkl.py pins it in-process, so entering the template before any matmul
 # suffices.
 TEMPLATE_ENV: dict[str, str] = {
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
@@ -176,9 +178,6 @@ def mkl_cnr_pinned(setting: str) -> bool:
     False when MKL already runs in another mode (it computed before the template was entered) or is not reachable:
     not an error, because kernels/cpu/gemm.py proves the blocks it uses in whatever mode MKL runs, but the fingerprint
     then shows the other mode and the thread count may be pinned."""
-    from samebits.kernels.vector_math import settle
-    from samebits.runtime import mkl
-
     pinned = mkl.pin_cnr(setting)
     settle()  # MKL's mode is fixed now either way; settle its vector math before anything splits a first call
     return pinned

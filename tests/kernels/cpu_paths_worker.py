@@ -104,8 +104,8 @@ def engine_check() -> str:
 
 
 def main(seed: int) -> None:
+    from samebits.kernels.cpu import mkl
     from samebits.kernels.cpu.gemm import known_answer, verdicts
-    from samebits.runtime import mkl
 
     g = torch.Generator().manual_seed(seed)
     report = {"seed": seed, "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}

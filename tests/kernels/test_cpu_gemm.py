@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from samebits.diagnostics.compare import assert_same_bits
-from samebits.kernels.cpu import gemm
-from samebits.runtime import mkl
+from samebits.kernels.cpu import gemm, mkl
 from tests.kernels.helpers import fresh_generator, rand
 
 SHAPES = [(576, 960), (64, 128), (1536, 576), (257, 33), (33, 2)]  # (K, N): model shapes, a K tail, N < MIN_N

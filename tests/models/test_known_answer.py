@@ -34,7 +34,7 @@ outs = llm.chat([[{"role": "user", "content": p}] for p in prompts[:2]], params,
 outs += llm.generate(prompts[2:], params, use_tqdm=False)
 rows = [[o.outputs[0].token_ids, torch.tensor(o.outputs[0].token_logprobs, dtype=torch.float32).view(torch.int32).tolist()]
         for o in outs]
-from samebits.runtime import mkl
+from samebits.kernels.cpu import mkl
 print(json.dumps({"hash": hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16], "rows": rows,
                   "mkl_cnr": mkl.cnr_mode(), "threads": torch.get_num_threads()}))
 """

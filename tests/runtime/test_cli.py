@@ -128,7 +128,7 @@ def test_fingerprint_hash_equal_across_fresh_processes():
     assert a == b
     assert len(a["hash"]) == 16 and a["torch"] and a["cpu_threads"] >= 1
     # The deterministic fingerprint is taken inside the template, as serve and LLM run: MKL's mode is the pinned one.
-    from samebits.runtime import mkl
+    from samebits.kernels.cpu import mkl
 
     if mkl.available():
         assert a["mkl_cnr"] in ("AVX2,STRICT", "AUTO,STRICT"), a["mkl_cnr"]

@@ -89,7 +89,7 @@ print(mkl.cnr_mode(), inside, os.environ.get("MKL_CBWR"))
 
 @pytest.mark.parametrize("early", [False, True], ids=["template-first", "matmul-first"])
 def test_mkl_mode_pinned_in_a_fresh_process_and_too_late_after_a_matmul(early):
-    from samebits.runtime import mkl
+    from samebits.kernels.cpu import mkl
 
     if not mkl.available():
         pytest.skip("this torch build does not expose MKL's CNR entry points")

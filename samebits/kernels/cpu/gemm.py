@@ -27,7 +27,7 @@ import torch
 
 from samebits.kernels.common import UnsupportedOpError
 from samebits.kernels.configs import TILE_CONFIGS
-from samebits.runtime import mkl
+from samebits.kernels.cpu import mkl
 
 _CFG = TILE_CONFIGS["cpu_gemm"]["config"]
 BLOCK_ROWS: tuple[int, ...] = tuple(_CFG["block_rows"])
