@@ -1,16 +1,7 @@
 """Tensor parallelism: one process per rank, Megatron-sharded Llama, a fixed-order all-reduce, and a TP-invariant
-mode whose bits are the same at every TP size (docs/TP.md). `runner_for` picks the engine's runner."""
+mode whose bits are the same at every TP size (docs/TP.md). The ranks' side: the engine's tensor-parallel runner
+(engine/tp_runner.py) drives them."""
 from __future__ import annotations
-
-
-def runner_for(config, loaded):
-    if config.tensor_parallel_size == 1:
-        from samebits.engine.model_runner import ModelRunner
-
-        return ModelRunner(config, loaded)
-    from samebits.distributed.runner import TPRunner
-
-    return TPRunner(config, loaded)
 
 
 def one_rank(config, loaded):

@@ -8,11 +8,11 @@ import torch
 
 from samebits.distributed.model import ShardedLlama
 from samebits.distributed.shard import Shard
-from samebits.engine.model_runner import prove_routes
 from samebits.kernels import get_ops
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.common import to_device
 from samebits.kernels.kv_cache import allocate_kv_cache
+from samebits.kernels.proofs import prove_routes
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,8 @@ class Rank:
         self.prove_routes()
 
     def prove_routes(self) -> None:
-        prove_routes(self.model)
+        m = self.model
+        prove_routes(m.ops, m.device, m.gemm_weights(), m.config.head_dim)
 
     @torch.inference_mode()
     def run(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor | None]:

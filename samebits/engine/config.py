@@ -149,7 +149,7 @@ class EngineConfig:
             _require(isinstance(value, bool), f"{name} must be a bool, got {value!r}")
         value = self.async_scheduling
         _require(value is None or isinstance(value, bool), f"async_scheduling must be None or a bool, got {value!r}")
-        # The tensor-parallel runner reads every input from the host (samebits/distributed/runner.py).
+        # The tensor-parallel runner reads every input from the host (samebits/engine/tp_runner.py).
         _require(value is not True or self.tensor_parallel_size == 1,
                  f"async_scheduling=True needs tensor_parallel_size=1, got {self.tensor_parallel_size}")
         # Fast kernels keep no order for the invariant split to preserve.

@@ -12,14 +12,23 @@ from __future__ import annotations
 
 import dataclasses
 
-from samebits.distributed import one_rank, parallel_numerics, runner_for
+from samebits.distributed import one_rank, parallel_numerics
 from samebits.engine.config import EngineConfig
+from samebits.engine.model_runner import ModelRunner
 from samebits.engine.output_processor import OutputProcessor
 from samebits.engine.outputs import EngineInfo, EngineStats, RequestOutput, Resume, StepProgress
 from samebits.engine.sampling_params import SamplingParams, check_prompt
 from samebits.engine.scheduler import ScheduledSeq, Scheduler
 from samebits.engine.seeds import SeedStream
+from samebits.engine.tp_runner import TPRunner
 from samebits.structured.grammar import Grammars
+
+
+def runner_for(config: EngineConfig, loaded) -> ModelRunner | TPRunner:
+    """The engine's runner: the one-GPU ModelRunner, or the tensor-parallel one over `tensor_parallel_size` ranks."""
+    if config.tensor_parallel_size == 1:
+        return ModelRunner(config, loaded)
+    return TPRunner(config, loaded)
 
 
 class LLMEngine:

@@ -16,6 +16,7 @@ from samebits.engine.spec_decode.verify import accepted_prefix
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.common import to_device
 from samebits.kernels.kv_cache import allocate_kv_cache
+from samebits.kernels.proofs import prove_routes
 
 # KV pool when kv_cache_tokens is not set: a fixed size on CPU, a share of free memory on GPU.
 CPU_KV_TOKENS = 16384
@@ -171,28 +172,6 @@ def choose_num_blocks(engine_config: EngineConfig, model_config, dtype: torch.dt
     return int(kv_bytes) // (kv_bytes_per_token(model_config, dtype) * bs)
 
 
-def prove_routes(model) -> None:
-    """Run the proven routes' self-tests for every GEMM shape `model` runs, now: on CUDA before the KV pool is sized
-    from the free memory cuBLASLt's borrow; on the CPU so a shape MKL cannot compute invariantly refuses the load
-    instead of a request."""
-    if not model.ops.deterministic:
-        return
-    weights = model.gemm_weights()
-    if model.device.type == "cuda":
-        from samebits.kernels import vendor_fp8
-        from samebits.kernels.vendor_gemm import prove_weights
-
-        prove_weights(weights)
-        vendor_fp8.prove_weights(weights)
-        torch.cuda.empty_cache()
-    else:
-        from samebits.kernels.cpu import attention, fp8, gemm
-
-        gemm.prove_weights(weights)
-        fp8.prove_weights(weights)
-        attention.prove(model.config.head_dim)
-
-
 class ModelRunner:
     def __init__(self, engine_config: EngineConfig, loaded):
         self.config = engine_config
@@ -214,7 +193,8 @@ class ModelRunner:
         self.graphs = self.verify_graphs = None
 
     def prove_routes(self) -> None:
-        prove_routes(self.model)
+        m = self.model
+        prove_routes(m.ops, m.device, m.gemm_weights(), m.config.head_dim)
 
     def enable_cuda_graphs(self, max_model_len: int) -> None:
         """Decode-only steps replay CUDA graphs (see cuda_graphs.py); a no-op off CUDA."""

@@ -84,7 +84,7 @@ def test_invariant_score_equals_generate_logprobs(invariant, seed):
 
 
 def test_prompt_logprobs_at_tp_2_equal_score_and_tp_1(invariant, det2, seed):
-    """The prompt rows ride in the sampled rows' gather (distributed/runner.py): at TP=2 they equal the engine's
+    """The prompt rows ride in the sampled rows' gather (engine/tp_runner.py): at TP=2 they equal the engine's
     own teacher-forced scores, and with the invariant mode TP=1's bits."""
     ps = prompts(3, seed, lo=20, hi=40)
     params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, prompt_logprobs=2)

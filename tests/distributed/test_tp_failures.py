@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from samebits.distributed import runner as tp_runner
-from samebits.distributed.runner import TPError
+from samebits.engine import tp_runner
 from samebits.engine.sampling_params import SamplingParams
+from samebits.engine.tp_runner import TPError
 from tests.distributed.helpers import ENGINE, checkpoint, make
 from tests.subprocess_server import free_port, wait_healthy
 
