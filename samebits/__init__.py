@@ -12,7 +12,11 @@ def __getattr__(name):
         from samebits.kernels.dropin import batch_invariant
 
         return batch_invariant
-    if name in ("LLM", "SamplingParams", "StructuredOutputsParams", "TextPrompt", "TokensPrompt", "RequestOutput",
+    if name == "LLM":
+        from samebits.llm import LLM
+
+        return LLM
+    if name in ("SamplingParams", "StructuredOutputsParams", "TextPrompt", "TokensPrompt", "RequestOutput",
                 "CompletionOutput"):
         from samebits import engine
 

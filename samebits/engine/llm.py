@@ -13,13 +13,7 @@ from samebits.engine.sampling_params import RequestOutputKind, SamplingParams, c
 
 
 class LLM:
-    def __new__(cls, model: str = "smollm2-135m", **engine_kwargs):
-        # data_parallel_size > 1: replicas behind a router (samebits/fleet/llm.py), the same calls and bits.
-        if cls is LLM and engine_kwargs.get("data_parallel_size", 1) > 1:
-            from samebits.fleet.llm import FleetLLM
-
-            return super().__new__(FleetLLM)
-        return super().__new__(cls)
+    """One engine. `samebits.LLM` (samebits/llm.py) is this, or a fleet's (fleet/llm.py) with data_parallel_size > 1."""
 
     def __init__(self, model: str = "smollm2-135m", **engine_kwargs):
         """`engine_kwargs` are EngineConfig fields (mode, device, dtype, max_num_seqs, ...); an unknown one is an
@@ -27,6 +21,9 @@ class LLM:
         from samebits.engine.llm_engine import LLMEngine
 
         self.config = EngineConfig.from_dict({"model": model, **engine_kwargs})
+        if self.config.data_parallel_size > 1:
+            raise ValueError(f"data_parallel_size={self.config.data_parallel_size} runs replicas: samebits.LLM "
+                             "builds them (samebits/llm.py); this LLM is one engine")
         with self._runtime():
             self.engine = LLMEngine(self.config)
         self._ids = itertools.count()
