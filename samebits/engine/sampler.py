@@ -37,6 +37,7 @@ import torch
 from samebits.engine import rng
 from samebits.engine.sequence import PENDING
 from samebits.kernels.common import to_device
+from samebits.kernels.ops import OpSet
 from samebits.structured.masks import GrammarRows
 
 # Below this temperature logits / t overflows float32 for ordinary logits; such rows are greedy, as in vLLM.
@@ -211,7 +212,7 @@ def filter_logits(scaled: torch.Tensor, top_k: Sequence[int], top_p: Sequence[fl
     return scaled
 
 
-def teacher_forced(logits: torch.Tensor, targets: list[int], ops) -> list[float]:
+def teacher_forced(logits: torch.Tensor, targets: list[int], ops: OpSet) -> list[float]:
     """log_softmax(logits)[i, targets[i]] through `ops.log_softmax`, the sampler's own, so the bits decode reports."""
     logprobs = ops.log_softmax(logits, dim=-1)
     return logprobs.gather(1, torch.tensor(targets, device=logits.device)[:, None])[:, 0].tolist()
@@ -233,7 +234,7 @@ def top_k_logprobs(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
 
 
 @torch.no_grad()
-def sample(logits: torch.Tensor, batch: SamplingBatch, *, ops) -> SamplerOutput:
+def sample(logits: torch.Tensor, batch: SamplingBatch, *, ops: OpSet) -> SamplerOutput:
     """Sample one token per row of `logits` [B, V] float32 under `batch`'s row B parameters.
 
     temperature < 1e-5 is greedy (argmax of the raw logits, ties to the lowest id).
@@ -364,7 +365,7 @@ def apply_penalties(x: torch.Tensor, sub: list[RowAdjust]) -> torch.Tensor:
 class Sampler:
     """`sample` bound to one `ops` registry."""
 
-    def __init__(self, ops):
+    def __init__(self, ops: OpSet):
         self.ops = ops
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from samebits.kernels.ops import OpSet
 from samebits.models.config import ModelConfig
 
 # HF checkpoint name suffix -> (our parameter, which rows of it)
@@ -70,7 +71,7 @@ class LlamaModel(nn.Module):
     # of keeping its activations. The engine never sets it.
     checkpoint_layers = False
 
-    def __init__(self, config: ModelConfig, ops, dtype: torch.dtype = torch.float32, layer=DecoderLayer):
+    def __init__(self, config: ModelConfig, ops: OpSet, dtype: torch.dtype = torch.float32, layer=DecoderLayer):
         """`layer(config, dtype, device)`: one decoder layer's parameters (an FP8 model's own, models/fp8.py)."""
         super().__init__()
         self.config = config
@@ -95,7 +96,7 @@ class LlamaModel(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.device
 
-    def set_ops(self, ops) -> None:
+    def set_ops(self, ops: OpSet) -> None:
         """Switch kernels (fast <-> deterministic) without reloading; the ops must live on the weights' device."""
         if torch.device(ops.device).type != self.device.type:
             raise ValueError(f"ops are for {ops.device} but the model is on {self.device}")

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import pytest
 import torch
 
 from samebits.kernels import UnsupportedOpError, get_ops
-from samebits.kernels.ops import BACKENDS, OPS
+from samebits.kernels.ops import BACKENDS, OPS, OpSet
 from samebits.modes import MODES
 
 
@@ -33,3 +34,31 @@ def test_a_device_without_a_row_fails_loud(mode):
 def test_one_shared_instance_per_mode_and_device():
     assert get_ops("fast", "cpu") is get_ops("fast", torch.device("cpu"))
     assert get_ops("fast", "cpu") is not get_ops("deterministic", "cpu")
+
+
+@pytest.mark.parametrize("row", sorted(BACKENDS))
+def test_every_backend_op_takes_the_op_sets_arguments(row):
+    """Each backend op accepts the arguments OpSet declares, by position (a torch builtin without a Python signature
+    is taken on trust)."""
+    if ".triton." in BACKENDS[row]:
+        pytest.importorskip("triton")
+    backend = importlib.import_module(BACKENDS[row])
+    refused = []
+    for op in OPS:
+        declared = list(inspect.signature(getattr(OpSet, op)).parameters)[1:]  # past self
+        try:
+            signature = inspect.signature(getattr(backend, op))
+        except ValueError:
+            continue
+        try:
+            signature.bind(*declared)
+        except TypeError as e:
+            refused.append(f"{op}: {e}")
+    assert refused == []
+
+
+def test_a_backend_that_drops_an_argument_is_caught():
+    """Negative control of the check above: a linear without the bias does not take OpSet's arguments."""
+    declared = list(inspect.signature(OpSet.linear).parameters)[1:]
+    with pytest.raises(TypeError):
+        inspect.signature(lambda x, weight: x).bind(*declared)
