@@ -58,8 +58,8 @@ class IdentityChanged(EngineProcessError):
 
 
 class EngineView:
-    """What the server reads from `state.engine` (server/state.py, requests.py, admin.py, serve.py), without the
-    engine: it is in the child."""
+    """EngineFacts (engine/interface.py), what the server reads from `state.engine`, without the engine: it is in the
+    child."""
 
     def __init__(self, config: EngineConfig, info, tokenizer, fingerprint: dict, stats):
         self.config, self.tokenizer = config, tokenizer

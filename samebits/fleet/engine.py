@@ -104,7 +104,7 @@ class FleetEngine:
         for i, ready in enumerate(readies):
             self._admit(i, self._client(i, ready))
 
-    # ---- the AsyncEngine interface -----------------------------------------------------------------------------
+    # ---- the ServedEngine interface (engine/interface.py) ------------------------------------------------------
     def start(self) -> None:
         if self._loop is not None:
             return

@@ -6,6 +6,7 @@ import re
 import time
 from json.encoder import encode_basestring
 
+from samebits.engine.interface import ServedEngine
 from samebits.server.errors import clip, invalid, not_found
 from samebits.server.metrics import Metrics
 from samebits.server.supervisor import EngineSupervisor
@@ -74,7 +75,7 @@ def _vocab_size(engine) -> int:
 
 
 class ServerState:
-    def __init__(self, async_engine, config):
+    def __init__(self, async_engine: ServedEngine, config):
         engine = async_engine.engine
         self.ae = async_engine
         self.engine = engine

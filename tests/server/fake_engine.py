@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from samebits.engine.outputs import CompletionOutput, EngineStats, RequestOutput, StepProgress
+from samebits.engine.outputs import CompletionOutput, EngineInfo, EngineStats, RequestOutput, StepProgress
 from samebits.engine.sampling_params import RequestOutputKind, SamplingParams
 
 VOCAB = 512
@@ -159,6 +159,10 @@ class FakeLLMEngine:
             s.finish_reason, s.stop_reason = "stop", (token if token != EOS else None)
         elif len(s.token_ids) >= p.max_tokens:
             s.finish_reason = "length"
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(self.model_name, "fake", "deterministic", VOCAB, self.max_model_len, "float32", "cpu",
+                          self.num_blocks, BLOCK)
 
     def stats(self) -> EngineStats:
         used = sum(-(-(len(r.ids) + max(len(s.token_ids) for s in r.samples)) // BLOCK) for r in self.requests.values())

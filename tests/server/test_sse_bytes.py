@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from samebits.engine.async_engine import AsyncEngine, EngineDead
-from samebits.engine.outputs import CompletionOutput, EngineStats, PromptLogprobs, RequestOutput
+from samebits.engine.outputs import CompletionOutput, EngineInfo, EngineStats, PromptLogprobs, RequestOutput
 
 GOLDEN = Path(__file__).with_name("sse_golden.json")
 VOCAB = 64
@@ -83,6 +83,9 @@ class GoldenEngine:
 
     def validate(self, prompt_token_ids, params, where="prompt") -> None:
         pass
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(self.model_name, "golden", "deterministic", VOCAB, self.max_model_len, "float32", "cpu", 0, 16)
 
     def stats(self) -> EngineStats:
         return EngineStats(0, 0, 0.0, 0, 0, 0, 0, 0)
