@@ -31,12 +31,21 @@ def runner_for(config: EngineConfig, loaded) -> ModelRunner | TPRunner:
     return TPRunner(config, loaded)
 
 
+def check_ops_mode(config: EngineConfig, model) -> None:
+    """The config owns the mode (it is what the fingerprint names): a model handed in must run that mode's ops."""
+    if model.ops.mode != config.mode:
+        raise ValueError(f"mode: the engine is configured {config.mode!r} but its model runs {model.ops.mode!r} ops, "
+                         f"so the fingerprint would name other numerics than those computed; set the model's ops "
+                         f"with get_ops({config.mode!r}, device) or configure mode={model.ops.mode!r}")
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded=None):
         from samebits.models import load_model
 
         self.loaded = one_rank(config, loaded or load_model(config.model, config.mode, config.device, config.dtype,
                                                             quantization=config.quantization))
+        check_ops_mode(config, self.loaded.model)
         self.config = config = config.on_device(self.loaded.model.device.type)
         self.tokenizer = self.loaded.tokenizer
         self.model_name = self.loaded.name

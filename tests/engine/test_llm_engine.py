@@ -253,3 +253,17 @@ def test_a_short_request_behind_a_long_prefill_gets_its_first_token_at_the_next_
     while engine.has_unfinished_requests():
         engine.step()
     engine.scheduler.bm.check_integrity()
+
+
+def test_a_model_running_another_modes_ops_is_refused(llm):
+    """The config owns the mode (llm_engine.check_ops_mode): an engine configured for one mode over a model set to the
+    other's ops refuses to start instead of fingerprinting numerics it does not compute; the same model with its own
+    mode's ops passes (the control)."""
+    from samebits.engine.llm_engine import check_ops_mode
+    from samebits.kernels import get_ops
+
+    model = llm.engine.loaded.model
+    other = "fast" if llm.engine.config.mode == "deterministic" else "deterministic"
+    check_ops_mode(llm.engine.config, model)
+    with pytest.raises(ValueError, match=f"mode: the engine is configured .* runs {other!r} ops"):
+        check_ops_mode(llm.engine.config, type("Model", (), {"ops": get_ops(other, "cpu")})())
