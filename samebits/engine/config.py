@@ -5,11 +5,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from samebits.dtypes import check_quantization, normalize_dtype
+from samebits.engine.seeds import check_seed
 from samebits.engine.spec_decode.config import SpeculativeConfig
 from samebits.modes import TP_SIZES, check_mode
 
 POLICIES = ("dynamic", "bucketed")
-SEED_LIMIT = 2**63
 # The row-parallel sum across ranks (samebits/distributed/reduce.py, docs/TP.md): ordered (fixed tree in rank order),
 # native (the library's), invariant (TP-invariant mode: TP_MAX K-chunks at every size, one fixed tree).
 ALL_REDUCE_ROUTES = ("ordered", "native", "invariant")
@@ -111,8 +111,7 @@ class EngineConfig:
         address = self.ray_address
         _require(address is None or (isinstance(address, str) and address != ""),
                  f"ray_address must be None or a non-empty str, got {address!r}")
-        seed_ok = self.seed is None or (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT)
-        _require(seed_ok, f"seed must be None or an int in [0, 2**63), got {self.seed!r}")
+        check_seed(self.seed)
 
     def _check_sizes(self) -> None:
         _int_at_least("max_num_seqs", self.max_num_seqs, 1)

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, fields
 from functools import cached_property
 
-from samebits.engine.config import SEED_LIMIT
+from samebits.engine.seeds import check_seed
 from samebits.structured.params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20
@@ -115,9 +115,7 @@ class SamplingParams:
                  f"{self.best_of!r}")
         lp_ok = lp is None or (_is_int(lp) and 0 <= lp <= MAX_LOGPROBS)
         _require(lp_ok, f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {lp!r}")
-        # Seeds travel through int64 tensors and JSON, so they must fit a signed 64-bit int.
-        seed_ok = s is None or (_is_int(s) and 0 <= s < SEED_LIMIT)
-        _require(seed_ok, f"seed must be None or an int in [0, 2**63), got {s!r}")
+        check_seed(s)
 
     def _check_stops(self) -> None:
         stop, ids = self.stop, self.stop_token_ids

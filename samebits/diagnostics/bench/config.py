@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from samebits.diagnostics.bench.shapes import SHAPES
 from samebits.dtypes import check_quantization
-from samebits.engine.config import SEED_LIMIT
+from samebits.engine.seeds import SEED_LIMIT
 from samebits.modes import MODES
 
 BENCH_MODES = (*MODES, "both")
