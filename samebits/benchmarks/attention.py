@@ -9,7 +9,7 @@ default choice of kernel (cuDNN's on the H200 for prefill); the FlashAttention-2
 torch's FLASH_ATTENTION backend (FlashAttention 2), the class issue 12's prefill target names.
 Decode is timed in CUDA graphs (as an engine replays decode steps) and eagerly; the table shows the graph times.
 Writes attention.json and attention.png under OUT_DIR and prints a table. --page sets the cache's page size (the
-bits never depend on it; pages of whole 64-token KV tiles load one block id per tile, docs/BENCHMARKS.md section 3).
+bits never depend on it; pages of whole 64-token KV tiles load one block id per tile, docs/results/HISTORY.md §3).
 
 The cases run in a child process that appends each row to attention.json; a child that dies (a CUDA error poisons
 its context) is recorded as that case's row with its exit status, and a new child goes on from the next case.
@@ -64,7 +64,7 @@ def _bench(fn, graph: bool = False) -> float:
 
     # do_bench_cudagraph calls fn first on a new stream that does not wait for the default one, where the case's
     # inputs (caches, block tables, sequence lengths) are still being written: unsynchronised, a decode read the
-    # previous case's freed metadata and crashed the process (docs/BENCHMARKS.md section 3).
+    # previous case's freed metadata and crashed the process (docs/results/HISTORY.md §3).
     torch.cuda.synchronize()
     if graph:
         try:

@@ -189,7 +189,7 @@ def _fold_tiles(q, m, l2, acc, ones, blk, K, V, KD, VD, bt_row, lo, hi, last, po
     # Keys lo..hi-1 folded tile by tile in order. blk holds tile lo's block ids and each iteration loads the next
     # tile's (masked: it may pass `last`), returned for the next range. So a tile's copies never wait on the block
     # table, and Triton's pipeliner issues them NUM_STAGES - 1 tiles early; when each tile loaded its own ids, its
-    # copies were issued at the end of the iteration before, at every stage count (SASS, docs/BENCHMARKS.md section 3).
+    # copies were issued at the end of the iteration before, at every stage count (SASS, docs/results/HISTORY.md §3).
     for n0 in range(lo, hi, BLOCK_N):
         nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS)
         k, v = _tile_loads(K, V, KD, VD, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
@@ -397,7 +397,7 @@ def _check_attention(q, k_cache, v_cache, meta) -> None:
 
 # Pages that hold whole KV tiles load them through TMA descriptors (_tile_loads), masked tiles included: on the H200,
 # decode 1-5 % faster than the gather from batch 32, prefill 8-10 % faster at 2048-8192 tokens, and 3-4 % faster than
-# prefill tiles that gather only their masked (diagonal) tiles (docs/BENCHMARKS.md section 3). A module switch so that
+# prefill tiles that gather only their masked (diagonal) tiles (docs/results/HISTORY.md §3). A module switch so that
 # probes can time the gather beside it (scripts/attention_variants_probe.py). The same bits either way.
 TMA_LOADS = True
 
@@ -411,7 +411,7 @@ FOLD_SPLITS = 2
 
 # Decode launches with splits in parallel merge them in their last program (_merge_if_last) instead of a merge
 # kernel: on the H200, in CUDA graphs, 1 x 2048 tokens 16.7 against 17.6 us, 1 x 8192 18.8 against 20.3, 1 x 32768
-# 45.4 against 48.9, 8 x 2048 22.6 against 23.7, bit for bit (docs/BENCHMARKS.md section 3). A module switch so that
+# 45.4 against 48.9, 8 x 2048 22.6 against 23.7, bit for bit (docs/results/HISTORY.md §3). A module switch so that
 # tests and probes can run the merge kernel beside it (tests/kernels/triton/test_attention.py).
 FUSED_MERGE = True
 # The fused merge's counters: int32 per (query tile, sequence, KV head) of a launch, zero between launches (the merging
