@@ -6,7 +6,7 @@ Decode: B sequences of `context` cached tokens, one query each; SDPA gets the sa
 enable_gqa), ours reads them through a paged cache with scattered blocks. Prefill: one sequence, causal. Times are
 medians of triton.testing.do_bench; ratio = SDPA time / ours (>= 1 means ours is at least as fast). SDPA is torch's
 default choice of kernel (cuDNN's on the H200 for prefill); the FlashAttention-2 column times the same call pinned to
-torch's FLASH_ATTENTION backend (FlashAttention 2), the class issue 12's prefill target names.
+torch's FLASH_ATTENTION backend (FlashAttention 2), the class the prefill target names (docs/BENCHMARKS.md).
 Decode is timed in CUDA graphs (as an engine replays decode steps) and eagerly; the table shows the graph times.
 Writes attention.json and attention.png under OUT_DIR and prints a table. --page sets the cache's page size (the
 bits never depend on it; pages of whole 64-token KV tiles load one block id per tile, docs/results/HISTORY.md §3).

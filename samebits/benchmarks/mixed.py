@@ -1,6 +1,6 @@
-"""A mixed prefill+decode step against the sum of its parts (issue 12: "mixed steps not slower than the sum of their
-parts"). For D decoding rows and one P-token prompt: one step decoding the D rows alone, one step prefilling the P
-tokens alone, and one step doing both; ratio = mixed / (decode + prefill).
+"""A mixed prefill+decode step against the sum of its parts (the target of docs/BENCHMARKS.md §8: not slower than the
+sum). For D decoding rows and one P-token prompt: one step decoding the D rows alone, one step prefilling the P tokens
+alone, and one step doing both; ratio = mixed / (decode + prefill).
 
 Async scheduling is off, so a step's call holds that step's own work, and the device is synchronised around it. Each
 time is the median of --repeat steps after one untimed step of each kind (compiles, graph captures); every timed

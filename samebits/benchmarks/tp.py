@@ -1,4 +1,4 @@
-"""Tensor parallelism (issues 16, 17): bits across TP sizes and modes, throughput, batch-1 latency, all-reduce cost.
+"""Tensor parallelism (docs/TP.md): bits across TP sizes and modes, throughput, batch-1 latency, all-reduce cost.
 
 For each TP size and mode, one engine over a random-weight model (rank 0 builds it, shards ship to the workers):
 - `invariant` (deterministic kernels, all_reduce=invariant): every request's tokens and logprob bits must be equal at
