@@ -9,7 +9,7 @@ the bits on purpose; its launches must still agree), and each is timed (decode i
 same data, so a change's speed-up is a ratio from one run. Variants set the launch's stages, rows, warps (of the
 tiles timed: decode or prefill), the split strategy (`_PARALLEL`), the grid (`_GRID`) or module switches. Last, per
 warp counts, whether prefill tiles and decode agree bit for bit, and the prefill times. The variants of the last
-run and what they measured: docs/BENCHMARKS.md §3 and docs/results/attention_variants.h200.r128.json.
+run and what they measured: docs/results/HISTORY.md §3 and docs/results/attention_variants.h200.r128.json.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ PREFILL = [1024, 2048, 4096, 8192]
 # attribute the module lacks (a switch of a pending change that this tree does not have) is skipped.
 # "_GRID": the launch's metadata says max_context_len = that, as a CUDA graph's does (engine/cuda_graphs.py);
 # "_PARALLEL": the launcher's parallel_splits. SPLIT 256 changes bits: with splits folded at large batches (no merge)
-# and parallel at small ones, a smaller split may win at both ends (docs/BENCHMARKS.md §3).
+# and parallel at small ones, a smaller split may win at both ends (docs/results/HISTORY.md §3).
 # The last run's decode variants (docs/results/attention_variants.h200.decode_rows.json): the committed decode tile
 # (16 rows on N, 4 warps) against decode in prefill-style tiles, rows on M (64 rows at 4 or 8 warps, 128 at 8; the
 # same bits by the MMA-roles probe), and the decode tile at 8 warps. "before" is main's copy of this kernel.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU proof in one call (device machine: image python, samebits and carried wheels by scripts/device_env.sh).
-# Usage: bash scripts/gpu_proof.sh [tests|tests-kernels|tests-others|tests-ids|probe|kernels|attention|pages|repro-2g|variants|variants-prefill|gemm-decode|mma-roles|e2e|server|server-process|steps|steps-tile|steps-norm|steps-gluon|gluon-decode|mixed|rl|tp1|
+# Usage: bash scripts/gpu_proof.sh [tests|tests-kernels|tests-others|tests-ids|probe|kernels|attention|variants|variants-prefill|e2e|server|server-process|steps|steps-tile|steps-norm|steps-gluon|mixed|rl|tp1|
 #   tests-fp8-kernels|tests-fp8-models|tests-structured|tests-train|tests-spec|spec-quick|spec|fp8|fp8-sweep|e2e-fp8|steps-fp8|moe-tests|e2e-qwen3moe|e2e-mixtral|fairness ...];
 # results under $OUT. With no step named it runs tests probe kernels attention e2e (~25 min): name the steps.
 # tests-kernels and tests-others are the two halves of tests, each under one call's 10 minutes with a cold Triton cache.
@@ -64,13 +64,9 @@ for step in $steps; do
     probe) python3 -m samebits probe --device cuda --full --json "$OUT/probe.h200.json" --plot "$OUT/probe.h200.png" ;;
     kernels) python3 -m samebits.benchmarks.kernels --out "$OUT" ;;
     attention) python3 -m samebits.benchmarks.attention --out "$OUT" ;;
-    pages) python3 scripts/attention_pages_probe.py "$OUT" ;;
-    repro-2g) python3 scripts/attention_2g_repro.py; compute-sanitizer --tool memcheck python3 scripts/attention_2g_repro.py ;;
     variants) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py ${VARIANTS_ONLY:+--only "$VARIANTS_ONLY"} \
       ${VARIANTS_ROUNDS:+--rounds "$VARIANTS_ROUNDS"} ${VARIANTS_COLD:+--cold} ;;
     variants-prefill) python3 scripts/attention_variants_probe.py "$OUT" scripts/_attention_before.py --only prefill,family ;;
-    gemm-decode) python3 scripts/gemm_decode_probe.py "$OUT" --m "${GEMM_M:-1,8}" ;;
-    mma-roles) python3 scripts/mma_roles_probe.py "$OUT" ;;
     e2e) python3 -m samebits.benchmarks.e2e --out "$OUT" --warm ${E2E_ARGS:-} ;;
     e2e-fp8) python3 -m samebits.benchmarks.e2e --out "$OUT" --warm --skip-hf --modes deterministic/dynamic,fast/dynamic \
       --quantization none,fp8 ;;
@@ -94,7 +90,6 @@ for step in $steps; do
     steps-tile) timeout 420 python3 scripts/steps_ab.py "$OUT" tile ${STEPS_TILE:?old and new matmul rows} ;;
     steps-norm) timeout 480 python3 scripts/steps_ab.py "$OUT" norm --batches "${STEPS_BATCHES:-1,64}" ;;
     steps-gluon) timeout 480 python3 scripts/steps_ab.py "$OUT" gluon --batches "${STEPS_BATCHES:-1}" ;;
-    gluon-decode) timeout 400 python3 scripts/gluon_decode_probe.py "$OUT" ;;
     steps1) python3 -m samebits.benchmarks.steps --out "$OUT" --batches 1 ;;
     mixed) python3 -m samebits.benchmarks.mixed --out "$OUT" ;;
     fairness) python3 -m samebits.benchmarks.fairness --shape 8b --out "$OUT/fairness" ;;

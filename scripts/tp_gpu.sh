@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 17 on a multi-GPU host (nvidia-h200-x2/-x4/-x8), in one call: the TP GPU tests, then the 8B random bf16 runs
-# at TP = 1, 2 (4, 8 where the host has them): bits across sizes and modes, throughput, batch-1 latency, the
-# all-reduce routes alone. Results (tp.json, tp.png, logs) under $OUT. NVLink multicast stays off (the template's
-# NCCL_NVLS_ENABLE=0). Usage: bash scripts/tp_gpu.sh [tests] [bench] [quick]
+# Tensor parallelism (docs/TP.md) on a multi-GPU host (nvidia-h200-x2/-x4/-x8), in one call: the TP GPU tests, then the
+# 8B random bf16 runs at TP = 1, 2 (4, 8 where the host has them): bits across sizes and modes, throughput, batch-1
+# latency, the all-reduce routes alone. Results (tp.json, tp.png, logs) under $OUT. NVLink multicast stays off (the
+# template's NCCL_NVLS_ENABLE=0). Usage: bash scripts/tp_gpu.sh [tests] [bench] [quick]
 set -uo pipefail
 . scripts/device_env.sh || exit 1
 OUT=${OUT:-out}

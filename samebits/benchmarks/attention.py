@@ -6,10 +6,10 @@ Decode: B sequences of `context` cached tokens, one query each; SDPA gets the sa
 enable_gqa), ours reads them through a paged cache with scattered blocks. Prefill: one sequence, causal. Times are
 medians of triton.testing.do_bench; ratio = SDPA time / ours (>= 1 means ours is at least as fast). SDPA is torch's
 default choice of kernel (cuDNN's on the H200 for prefill); the FlashAttention-2 column times the same call pinned to
-torch's FLASH_ATTENTION backend (FlashAttention 2), the class issue 12's prefill target names.
+torch's FLASH_ATTENTION backend (FlashAttention 2), the class the prefill target names (docs/BENCHMARKS.md).
 Decode is timed in CUDA graphs (as an engine replays decode steps) and eagerly; the table shows the graph times.
 Writes attention.json and attention.png under OUT_DIR and prints a table. --page sets the cache's page size (the
-bits never depend on it; pages of whole 64-token KV tiles load one block id per tile, docs/BENCHMARKS.md section 3).
+bits never depend on it; pages of whole 64-token KV tiles load one block id per tile, docs/results/HISTORY.md §3).
 
 The cases run in a child process that appends each row to attention.json; a child that dies (a CUDA error poisons
 its context) is recorded as that case's row with its exit status, and a new child goes on from the next case.
@@ -25,6 +25,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from samebits.benchmarks.results import figure, write_json
 from samebits.engine.config import BLOCK_SIZES
 from samebits.kernels.attention import AttentionMetadata, paged_attention
 
@@ -64,7 +65,7 @@ def _bench(fn, graph: bool = False) -> float:
 
     # do_bench_cudagraph calls fn first on a new stream that does not wait for the default one, where the case's
     # inputs (caches, block tables, sequence lengths) are still being written: unsynchronised, a decode read the
-    # previous case's freed metadata and crashed the process (docs/BENCHMARKS.md section 3).
+    # previous case's freed metadata and crashed the process (docs/results/HISTORY.md §3).
     torch.cuda.synchronize()
     if graph:
         try:
@@ -142,25 +143,18 @@ def _table(rows: list[dict]) -> None:
 
 
 def _plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(12, 4))
-    labels = [f"{r['kind'][0]} b{r['batch']} c{r['context']}" for r in rows]
-    x = range(len(rows))
-    colors = ["C0" if r["kind"] == "decode" else "C1" for r in rows]
-    ax.bar([i - 0.2 for i in x], [r["ratio"] for r in rows], 0.4, color=colors, label="vs SDPA (torch's default)")
-    ax.bar([i + 0.2 for i in x], [r.get("fa2_ratio") or 0 for r in rows], 0.4, color=colors, alpha=0.45, hatch="//",
-           label="vs FlashAttention-2 (SDPA's flash backend)")
-    ax.axhline(0.9, color="red", linestyle="--", label="target 0.9x")
-    ax.axhline(1.0, color="gray", linewidth=0.5)
-    ax.set_xticks(x, labels, rotation=70, fontsize=7)
-    ax.set_ylabel("baseline time / samebits time")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(path, figsize=(12, 4)) as (_, ax):
+        labels = [f"{r['kind'][0]} b{r['batch']} c{r['context']}" for r in rows]
+        x = range(len(rows))
+        colors = ["C0" if r["kind"] == "decode" else "C1" for r in rows]
+        ax.bar([i - 0.2 for i in x], [r["ratio"] for r in rows], 0.4, color=colors, label="vs SDPA (torch's default)")
+        ax.bar([i + 0.2 for i in x], [r.get("fa2_ratio") or 0 for r in rows], 0.4, color=colors, alpha=0.45, hatch="//",
+               label="vs FlashAttention-2 (SDPA's flash backend)")
+        ax.axhline(0.9, color="red", linestyle="--", label="target 0.9x")
+        ax.axhline(1.0, color="gray", linewidth=0.5)
+        ax.set_xticks(x, labels, rotation=70, fontsize=7)
+        ax.set_ylabel("baseline time / samebits time")
+        ax.legend()
 
 
 VARIANTS = [  # (query rows, KV tile, split tokens, num_stages, num_warps): the knobs a --sweep compares
@@ -191,8 +185,8 @@ def sweep(out: str, gen) -> list:
         print(json.dumps(results[-1]), flush=True)
         torch.cuda.empty_cache()
         best = max(results, key=lambda r: r["score"])
-        with open(os.path.join(out, "sweep.json"), "w") as f:  # after every variant: a timeout keeps the rest
-            json.dump({"results": results, "best": best["variant"]}, f, indent=1)
+        # after every variant: a timeout keeps the rest
+        write_json({"results": results, "best": best["variant"]}, os.path.join(out, "sweep.json"), indent=1)
     return list(best["variant"])
 
 
@@ -210,14 +204,12 @@ def _run_cases(path: str, info: dict, cases: list, start: int) -> None:
         info["rows"].append(row)
         print(json.dumps(row), flush=True)
         torch.cuda.empty_cache()
-        with open(path, "w") as f:
-            json.dump(info, f, indent=1)
+        write_json(info, path, indent=1)
 
 
 def _supervise(args, path: str, info: dict, cases: list) -> dict:
     """Children until every case has a row: a child's death becomes its case's row, the next child starts after it."""
-    with open(path, "w") as f:
-        json.dump(info, f, indent=1)
+    write_json(info, path, indent=1)
     while len(info["rows"]) < len(cases):
         start = len(info["rows"])
         cmd = [sys.executable, "-m", __spec__.name, "--out", args.out, "--page", str(args.page),
@@ -230,8 +222,7 @@ def _supervise(args, path: str, info: dict, cases: list) -> dict:
             kind, batch, ctx = cases[len(info["rows"])]
             info["rows"].append({"kind": kind, "batch": batch, "context": ctx, "error": f"process died, exit {rc}"})
             print(json.dumps(info["rows"][-1]), flush=True)
-            with open(path, "w") as f:
-                json.dump(info, f, indent=1)
+            write_json(info, path, indent=1)
     return info
 
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from samebits.benchmarks.cpu_route import cpu_name
-from samebits.diagnostics.jsonfile import write_json
+from samebits.benchmarks.results import figure, write_json
 from samebits.engine.sampling_params import SamplingParams
+from samebits.modes import MODES  # deterministic first, as the report reads
 from samebits.runtime import runtime_for
 
-MODES = ("deterministic", "fast")
 PROMPT_TOKENS = 64
 
 
@@ -155,27 +155,20 @@ def print_table(report: dict) -> None:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
-    d = report["demo"]
-    a.bar(list(d), [statistics.median(v) for v in d.values()])
-    a.set_ylabel("seconds")
-    a.set_title(f"make demo workload ({report['demo_ratio']:.2f}x)")
-    width = 0.25
-    for i, (batch, g) in enumerate(report["generate"].items()):
-        for j, (mode, v) in enumerate(g["tok_per_s"].items()):
-            b.bar(i + j * width, statistics.median(v), width, label=mode if i == 0 else None, color=f"C{j}")
-    b.set_xticks([i + width for i in range(len(report["generate"]))], [f"batch {k}" for k in report["generate"]])
-    b.set_ylabel("output tok/s")
-    b.set_title("greedy decode, 64-token prompts")
-    b.legend()
-    fig.suptitle(f"{report['cpu']}, {report['threads']} threads")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(path, 1, 2, figsize=(9, 3.5)) as (fig, (a, b)):
+        d = report["demo"]
+        a.bar(list(d), [statistics.median(v) for v in d.values()])
+        a.set_ylabel("seconds")
+        a.set_title(f"make demo workload ({report['demo_ratio']:.2f}x)")
+        width = 0.25
+        for i, (batch, g) in enumerate(report["generate"].items()):
+            for j, (mode, v) in enumerate(g["tok_per_s"].items()):
+                b.bar(i + j * width, statistics.median(v), width, label=mode if i == 0 else None, color=f"C{j}")
+        b.set_xticks([i + width for i in range(len(report["generate"]))], [f"batch {k}" for k in report["generate"]])
+        b.set_ylabel("output tok/s")
+        b.set_title("greedy decode, 64-token prompts")
+        b.legend()
+        fig.suptitle(f"{report['cpu']}, {report['threads']} threads")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,6 @@ wall times with the weights cycled through 8 copies (a model's layers do not fit
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -23,6 +22,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 import samebits.kernels as K
+from samebits.benchmarks.results import figure, write_json
 from samebits.kernels.cpu import gemm
 from samebits.runtime import mkl
 
@@ -108,23 +108,16 @@ def demo_workload(progress: Progress) -> dict:
 
 
 def plot(rows: list[dict], path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for k, n in SPEED_SHAPES:
-        pts = [r for r in rows if (r["K"], r["N"]) == (k, n)]
-        ax.plot([r["M"] for r in pts], [r["ratio"] for r in pts], marker="o", label=f"{n}x{k}")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("M (rows)")
-    ax.set_ylabel("route / stock F.linear (time)")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(path, figsize=(8, 4)) as (_, ax):
+        for k, n in SPEED_SHAPES:
+            pts = [r for r in rows if (r["K"], r["N"]) == (k, n)]
+            ax.plot([r["M"] for r in pts], [r["ratio"] for r in pts], marker="o", label=f"{n}x{k}")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M (rows)")
+        ax.set_ylabel("route / stock F.linear (time)")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
 
 
 def main() -> None:
@@ -160,8 +153,7 @@ def main() -> None:
     if "demo" in report:
         console.print(f"demo workload: {report['demo']}")
     base = os.path.join(args.out, f"cpu_route.{label}")
-    with open(base + ".json", "w") as f:
-        json.dump(report, f, indent=1)
+    write_json(report, base + ".json", indent=1)
     plot(report["speed"], base + ".png", f"CPU route cost, {report['cpu']} ({report['threads']} threads)")
     console.print(f"wrote {base}.json and {base}.png")
 

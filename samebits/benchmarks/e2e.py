@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from samebits.benchmarks.results import figure, write_json
 from samebits.diagnostics.bench.bound import weights_dtype, with_step_bound, workload_bound
 from samebits.diagnostics.bench.config import MAX_NUM_BATCHED_TOKENS
 from samebits.diagnostics.bench.invariance import picks
@@ -157,7 +158,7 @@ def main() -> None:
                 stats = with_step_bound(stats, bound, loaded.config)
             report["modes"][f"{prefix}{mode}/{policy}"] = stats
             print(prefix + mode, policy, json.dumps(stats), flush=True)
-            (args.out / "e2e.json").write_text(json.dumps(report, indent=2))  # partial results survive a timeout
+            write_json(report, args.out / "e2e.json")  # partial results survive a timeout
             del engine
             release(DEVICE)
         if quant == "none":
@@ -178,7 +179,7 @@ def main() -> None:
             report["hf_generate_b64_tok_per_s"] = hf_generate(shape, 64, 512, 32 if args.quick else 128)
         except Exception as e:  # noqa: BLE001 - the comparison is optional; say why it is missing
             report["hf_generate_error"] = repr(e)
-    (args.out / "e2e.json").write_text(json.dumps(report, indent=2))
+    write_json(report, args.out / "e2e.json")
     print_table(report)
     plot(report, args.out / "e2e.png")
 
@@ -217,20 +218,13 @@ def print_table(report: dict) -> None:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(report["modes"]) + (["HF generate b64"] if "hf_generate_b64_tok_per_s" in report else [])
     vals = [s["output_tok_per_s"] for s in report["modes"].values()] + (
         [report["hf_generate_b64_tok_per_s"]] if "hf_generate_b64_tok_per_s" in report else [])
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.barh(names, vals)
-    ax.set_xlabel("output tokens / s")
-    ax.set_title(f"e2e, {report['shape']}-shaped random model, H200")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(path, figsize=(7, 3.5)) as (_, ax):
+        ax.barh(names, vals)
+        ax.set_xlabel("output tokens / s")
+        ax.set_title(f"e2e, {report['shape']}-shaped random model, H200")
 
 
 # samebits: intentionally nondeterministic because a benchmark times stock torch and fast mode beside deterministic

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from samebits.benchmarks import e2e, steps
+from samebits.benchmarks.results import figure, write_json
 from samebits.diagnostics.bench.run import engine_for
 from samebits.diagnostics.bench.shapes import random_shape_model
 from samebits.engine.sampling_params import SamplingParams
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             measure(loaded, mode, None, args, warm_up=True)
         rows += [measure(loaded, mode, threshold, args) for threshold in (None, 0)]
     report = {"shape": args.shape, "device": args.device, "args": vars(args) | {"out": str(args.out)}, "rows": rows}
-    (args.out / "fairness.json").write_text(json.dumps(report, indent=2))
+    write_json(report, args.out / "fairness.json")
     print_table(rows)
     plot(rows, args.out / "fairness.png")
     return 0
@@ -120,22 +121,15 @@ def print_table(rows: list[dict]) -> None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    labels = [f"{r['mode'][:3]} thr={r['threshold']}" for r in rows]
-    x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], [r["short_ttft_ms"] for r in rows], 0.4, label="short request TTFT")
-    ax.bar([i + 0.2 for i in x], [2 * r["long_step_ms"] for r in rows], 0.4, label="2 x the long prompt's step")
-    ax.set_xticks(list(x), labels, fontsize=8)
-    ax.set_ylabel("ms")
-    ax.set_yscale("log")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(path, figsize=(8, 3.5)) as (_, ax):
+        labels = [f"{r['mode'][:3]} thr={r['threshold']}" for r in rows]
+        x = range(len(rows))
+        ax.bar([i - 0.2 for i in x], [r["short_ttft_ms"] for r in rows], 0.4, label="short request TTFT")
+        ax.bar([i + 0.2 for i in x], [2 * r["long_step_ms"] for r in rows], 0.4, label="2 x the long prompt's step")
+        ax.set_xticks(list(x), labels, fontsize=8)
+        ax.set_ylabel("ms")
+        ax.set_yscale("log")
+        ax.legend()
 
 
 # samebits: intentionally nondeterministic because a benchmark times stock torch and fast mode beside deterministic

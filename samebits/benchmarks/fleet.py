@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+
+from samebits.benchmarks.results import figure, write_json
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -69,19 +70,12 @@ def pcts(values: list[float]) -> dict:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    names = ["p50 plain", "p50 fleet", "p99 plain", "p99 fleet"]
-    ax.bar(names, [report[run][q] for q in ("p50_ms", "p99_ms") for run in ("plain", "fleet")])
-    ax.set_ylabel("ms per request")
-    ax.set_title(f"{report['requests']} requests, {report['concurrency']} at once: plain server vs one replica on Ray")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(6, 3.5)) as (_, ax):
+        names = ["p50 plain", "p50 fleet", "p99 plain", "p99 fleet"]
+        ax.bar(names, [report[run][q] for q in ("p50_ms", "p99_ms") for run in ("plain", "fleet")])
+        ax.set_ylabel("ms per request")
+        ax.set_title(f"{report['requests']} requests, {report['concurrency']} at once: "
+                     "plain server vs one replica on Ray")
 
 
 def main(argv=None) -> int:
@@ -114,7 +108,7 @@ def main(argv=None) -> int:
     report = {"concurrency": args.concurrency, "requests": len(plain), "max_tokens": args.max_tokens,
               "plain": pcts(plain), "fleet": pcts(fleet)}
     report["added"] = {k: report["fleet"][k] - report["plain"][k] for k in report["plain"]}
-    (args.out / "fleet.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(report, args.out / "fleet.json")
     print(f"{'':8}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}")
     for name in ("plain", "fleet", "added"):
         r = report[name]

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from samebits.benchmarks.results import figure, write_json
+
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 SHAPES_TINY = {"qkv": (384, 256), "down": (256, 512)}
 M_ALL = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
@@ -216,28 +218,22 @@ def print_table(report: dict) -> None:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(dict.fromkeys(r["shape"] for r in report["rows"]))
-    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.5), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        rows = [r for r in report["rows"] if r["shape"] == name]
-        ms = [r["m"] for r in rows]
-        for key, label in (("ours_ms", "samebits FP8"), ("lt_linear_ms", "vendor FP8"), ("bf16_ms", "samebits bf16"),
-                           ("floor_ms", "FP8 weight floor")):
-            if key in rows[0]:
-                ax.plot(ms, [r[key] for r in rows], marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(f"{name} {rows[0]['n']}x{rows[0]['k']}")
-        ax.set_xlabel("M")
-    axes[0][0].set_ylabel("ms")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(path, 1, len(names), figsize=(4 * len(names), 3.5), squeeze=False) as (_, axes):
+        for ax, name in zip(axes[0], names):
+            rows = [r for r in report["rows"] if r["shape"] == name]
+            ms = [r["m"] for r in rows]
+            for key, label in (("ours_ms", "samebits FP8"), ("lt_linear_ms", "vendor FP8"),
+                               ("bf16_ms", "samebits bf16"),
+                               ("floor_ms", "FP8 weight floor")):
+                if key in rows[0]:
+                    ax.plot(ms, [r[key] for r in rows], marker="o", label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{name} {rows[0]['n']}x{rows[0]['k']}")
+            ax.set_xlabel("M")
+        axes[0][0].set_ylabel("ms")
+        axes[0][0].legend(fontsize=7)
 
 
 def main() -> None:
@@ -257,11 +253,11 @@ def main() -> None:
         rows, checks = shape_rows(name, n, k, ms, args.device, g)
         report["rows"] += rows
         report["checks"].append(checks)
-        (args.out / "fp8.json").write_text(json.dumps(report, indent=2))  # partial results survive a timeout
+        write_json(report, args.out / "fp8.json")  # partial results survive a timeout
     if args.sweep:
         for name, (n, k) in shapes.items():
             report["sweep"] += sweep_rows(name, n, k, args.device, g)
-    (args.out / "fp8.json").write_text(json.dumps(report, indent=2))
+    write_json(report, args.out / "fp8.json")
     print_table(report)
     plot(report, args.out / "fp8.png")
 

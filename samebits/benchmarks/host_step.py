@@ -16,20 +16,7 @@ taken out. Each configuration warms up until every sequence decodes, then runs -
 every final text is checked against a full decode of its tokens, and a digest of every output (tokens, logprob bits,
 text) is written, so a change to the engine can be shown to leave the outputs unchanged. Writes host_step.json.
 
-Before and after the host work of issue 12 (branch hoststep), on a shared 2-core CPU VM, logprobs=0, 64-token
-prompts, 40..480 output tokens over the windows; µs per step, the median of 21 windows (3 runs, interleaved with the
-tree before), the digests equal before and after. With --gc freeze+threshold (the collector, which lands in whichever
-phase allocates, left out: with it every figure here moves by +-20% between runs):
-
-    batch 256, graph   schedule 761 -> 557, inputs 1561 -> 1332, read back 212 -> 127, process 2396 -> 1506 (of
-                       which detokenize 1507 -> 897), outputs 3042 -> 2754, apply 243 -> 215; step 8340 -> 6610
-    batch 256, eager   step 8946 -> 7532      batch 64, graph  step 1487 -> 1266      batch 1, graph  step ~135
-
-The same changes one function at a time, old and new interleaved in one process (256 sequences, median of 41):
-detokenize at 64 / 256 / 1024 / 4096 output tokens 537 / 615 / 955 / 2456 -> 519 / 508 / 566 / 596 µs (no longer
-grows with the output); read back 159 -> 105; schedule + apply of 256 decodes 1199 -> 1038; one CompletionOutput
-1.01 -> 0.42. What is left is mostly outside those files: at batch 256 the default collector runs ~2.7 young
-collections a step (each scanning outputs()'s fresh lists, ~2 ms a step) and a full one every ~150 steps (~100 ms).
+Its runs (before and after the host-step work, per phase): docs/results/HISTORY.md, "Host step and server CPU".
 """
 from __future__ import annotations
 

@@ -10,7 +10,6 @@ sides (the engine replays graphs too). --sweep also times candidate tiles and ch
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 import torch
@@ -19,6 +18,7 @@ import triton.language as tl
 
 import samebits.kernels as K
 import samebits.kernels.triton.matmul as tm
+from samebits.benchmarks.results import figure, write_json
 
 KDIM = 4096
 MM_M = [1, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 4096, 8192]
@@ -304,34 +304,27 @@ def _routes(r) -> str:
 
 
 def _plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for n in MM_N:
-        for dt in ("bfloat16",):
-            pts = [(r["m"], r["ratio"]) for r in rows if r["op"] == "matmul" and r["n"] == n and r["dtype"] == dt]
+    with figure(path, figsize=(8, 4.5)) as (_, ax):
+        for n in MM_N:
+            for dt in ("bfloat16",):
+                pts = [(r["m"], r["ratio"]) for r in rows if r["op"] == "matmul" and r["n"] == n and r["dtype"] == dt]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=f"matmul N={n} K={KDIM} {dt} (routed)")
+                tri = [(r["m"], r["torch_ms"] / r["triton_ms"]) for r in rows
+                       if r["op"] == "matmul" and r["n"] == n and "triton_ms" in r]
+                if tri:
+                    ax.plot(*zip(*tri), marker=".", linestyle=":", label=f"  Triton kernel alone, N={n}")
+        for op in ("rms_norm", "log_softmax", "silu_and_mul", "gumbel_race"):
+            pts = [(r["m"], r["ratio"]) for r in rows if r["op"] == op]
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=f"matmul N={n} K={KDIM} {dt} (routed)")
-            tri = [(r["m"], r["torch_ms"] / r["triton_ms"]) for r in rows
-                   if r["op"] == "matmul" and r["n"] == n and "triton_ms" in r]
-            if tri:
-                ax.plot(*zip(*tri), marker=".", linestyle=":", label=f"  Triton kernel alone, N={n}")
-    for op in ("rms_norm", "log_softmax", "silu_and_mul", "gumbel_race"):
-        pts = [(r["m"], r["ratio"]) for r in rows if r["op"] == op]
-        if pts:
-            ax.plot(*zip(*pts), marker="s", linestyle="--", label=op)
-    ax.axhline(0.95, color="grey", lw=0.8)
-    ax.axhline(0.9, color="grey", lw=0.8, linestyle=":")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("M (rows in the batch)")
-    ax.set_ylabel("speed vs stock torch (time_torch / time_samebits)")
-    ax.set_title(f"samebits invariant kernels vs cuBLAS/torch, {torch.cuda.get_device_name()}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+                ax.plot(*zip(*pts), marker="s", linestyle="--", label=op)
+        ax.axhline(0.95, color="grey", lw=0.8)
+        ax.axhline(0.9, color="grey", lw=0.8, linestyle=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M (rows in the batch)")
+        ax.set_ylabel("speed vs stock torch (time_torch / time_samebits)")
+        ax.set_title(f"samebits invariant kernels vs cuBLAS/torch, {torch.cuda.get_device_name()}")
+        ax.legend(fontsize=7)
 
 
 def main():
@@ -350,8 +343,7 @@ def main():
     if args.sweep:
         result["sweep"] = _sweep()
         result["softmax_sweep"] = _softmax_sweep()
-    with open(os.path.join(args.out, "kernels.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(result, os.path.join(args.out, "kernels.json"), indent=1)
     _plot(rows, os.path.join(args.out, "kernels.png"))
     if args.sweep:
         for s in result["sweep"]:

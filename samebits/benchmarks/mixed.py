@@ -1,6 +1,6 @@
-"""A mixed prefill+decode step against the sum of its parts (issue 12: "mixed steps not slower than the sum of their
-parts"). For D decoding rows and one P-token prompt: one step decoding the D rows alone, one step prefilling the P
-tokens alone, and one step doing both; ratio = mixed / (decode + prefill).
+"""A mixed prefill+decode step against the sum of its parts (the target of docs/BENCHMARKS.md §8: not slower than the
+sum). For D decoding rows and one P-token prompt: one step decoding the D rows alone, one step prefilling the P tokens
+alone, and one step doing both; ratio = mixed / (decode + prefill).
 
 Async scheduling is off, so a step's call holds that step's own work, and the device is synchronised around it. Each
 time is the median of --repeat steps after one untimed step of each kind (compiles, graph captures); every timed
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from samebits.benchmarks import e2e, steps
+from samebits.benchmarks.results import figure, write_json
 from samebits.diagnostics.bench.shapes import random_shape_model
 from samebits.diagnostics.bench.steplog import StepLog
 from samebits.engine.sampling_params import SamplingParams
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r for mode in args.modes.split(",")
             for r in measure(loaded, mode, decode_rows, prefill_tokens, args.prompt_len, args.repeat)]
     report = {"shape": args.shape, "device": args.device, "args": vars(args) | {"out": str(args.out)}, "rows": rows}
-    (args.out / "mixed.json").write_text(json.dumps(report, indent=2))
+    write_json(report, args.out / "mixed.json")
     print_table(rows)
     plot(rows, args.out / "mixed.png")
     return 0
@@ -127,23 +128,16 @@ def print_table(rows: list[dict]) -> None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 3.5))
-    labels = [f"{r['mode'][:3]} d{r['decode_rows']} p{r['prefill_tokens']}" for r in rows]
-    x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], [r["decode_ms"] for r in rows], 0.4, label="decode alone")
-    ax.bar([i - 0.2 for i in x], [r["prefill_ms"] for r in rows], 0.4, bottom=[r["decode_ms"] for r in rows],
-           label="prefill alone")
-    ax.bar([i + 0.2 for i in x], [r["mixed_ms"] for r in rows], 0.4, label="mixed step")
-    ax.set_xticks(list(x), labels, rotation=20, fontsize=8)
-    ax.set_ylabel("ms per step")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(path, figsize=(9, 3.5)) as (_, ax):
+        labels = [f"{r['mode'][:3]} d{r['decode_rows']} p{r['prefill_tokens']}" for r in rows]
+        x = range(len(rows))
+        ax.bar([i - 0.2 for i in x], [r["decode_ms"] for r in rows], 0.4, label="decode alone")
+        ax.bar([i - 0.2 for i in x], [r["prefill_ms"] for r in rows], 0.4, bottom=[r["decode_ms"] for r in rows],
+               label="prefill alone")
+        ax.bar([i + 0.2 for i in x], [r["mixed_ms"] for r in rows], 0.4, label="mixed step")
+        ax.set_xticks(list(x), labels, rotation=20, fontsize=8)
+        ax.set_ylabel("ms per step")
+        ax.legend()
 
 
 # samebits: intentionally nondeterministic because a benchmark times stock torch and fast mode beside deterministic

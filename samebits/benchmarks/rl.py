@@ -28,6 +28,7 @@ from types import SimpleNamespace
 
 import torch
 
+from samebits.benchmarks.results import figure, write_json
 from samebits.diagnostics.bench.shapes import SHAPES, NullTokenizer
 from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
@@ -294,7 +295,7 @@ def main() -> None:
         host_grads = trainers(args, config, dtype, prompts, completions, report)
     if not args.skip_hf:
         transformers_step(args, config, dtype, prompts, completions, report, host_grads)
-    (args.out / "rl.json").write_text(json.dumps(report, indent=2))
+    write_json(report, args.out / "rl.json")
     print(json.dumps(report, indent=2))
     print_table(report)
     plot(report, args.out / "rl.png")
@@ -329,23 +330,16 @@ def print_table(report: dict) -> None:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = [k for k in (*TRAINERS, "hf") if k in report]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.2), sharey=True)
-    left.barh([LABELS[k] for k in names], [report[k]["us_per_token"] for k in names])
-    left.set_xlabel("forward + backward, µs per token")
-    if all("peak_gib" in report[k] for k in names):
-        right.barh([LABELS[k] for k in names], [report[k]["peak_gib"] for k in names])
-    right.set_xlabel("peak memory, GiB")
-    fig.suptitle(f"{report['shape']}: samebits tokens differing from the rollout "
-                 f"{report.get('raw_mismatched_tokens_micro32')}, stock {report['stock_kernels_mismatched_tokens']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, 1, 2, figsize=(11, 3.2), sharey=True) as (fig, (left, right)):
+        left.barh([LABELS[k] for k in names], [report[k]["us_per_token"] for k in names])
+        left.set_xlabel("forward + backward, µs per token")
+        if all("peak_gib" in report[k] for k in names):
+            right.barh([LABELS[k] for k in names], [report[k]["peak_gib"] for k in names])
+        right.set_xlabel("peak memory, GiB")
+        fig.suptitle(f"{report['shape']}: samebits tokens differing from the rollout "
+                     f"{report.get('raw_mismatched_tokens_micro32')}, "
+                     f"stock {report['stock_kernels_mismatched_tokens']}")
 
 
 # samebits: intentionally nondeterministic because a benchmark times stock torch and fast mode beside deterministic

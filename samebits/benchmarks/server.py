@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from samebits.benchmarks.results import figure, write_json
 from samebits.diagnostics.bench.report import args_json
 from samebits.server.config import ServerConfig
 
@@ -395,7 +396,7 @@ def main(argv=None) -> int:
     name = "server_bench" + (".process" if args.engine_process else "") + (
         f".dp{args.data_parallel_size}" if args.data_parallel_size else "")
     path = args.out / (f"{name}.si{args.switch_interval}.json" if args.switch_interval else f"{name}.json")
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(report, path)
     s = report["solo"]
     print(f"{report['requests']} requests, {report['output_tokens']} tokens in {report['wall_s']:.1f}s = "
           f"{report['output_tokens_per_s']:.0f} tok/s; solo-checked {s['checked']}: {s['equal']} equal, "
@@ -441,18 +442,10 @@ def print_table(rows) -> None:
 
 
 def plot(rows, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    ax.barh([r[0] for r in rows], [r[1] for r in rows])
-    ax.set_xlabel("output tokens / s")
-    ax.set_title("same requests: offline engine vs HTTP server")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(6, 3.2)) as (_, ax):
+        ax.barh([r[0] for r in rows], [r[1] for r in rows])
+        ax.set_xlabel("output tokens / s")
+        ax.set_title("same requests: offline engine vs HTTP server")
 
 
 # samebits: intentionally nondeterministic because a benchmark times stock torch and fast mode beside deterministic

@@ -12,19 +12,8 @@ receiver, and the rest. After the run every response is parsed and checked again
 runs --repeat times and the least CPU is kept (this counts CPU time, but a machine shared with other work still
 inflates it). Writes server_cpu.json into --out.
 
-Before and after the server work of issue 12, on a shared 2-core CPU VM (256 requests x 256 tokens, half streamed,
-logprobs=0, 50 ms steps, best of 3): engine thread 44.1 -> 30.9 us per output token (11.3 -> 7.9 ms per step),
-engine process 70.7 -> 41.8 (18.1 -> 10.7 ms per step).
-
-The SSE path's rewrite (one loop from the engine's iterator to the send, chunks written from cached per-token JSON;
-the bytes held equal by tests/server/test_sse_bytes.py; measured with the events also sent past the middlewares' send
-wrappers, a shortcut since removed for ~0.1 us a wrapper, as fragile as any middleware added later), same workload,
-event loop alone, best of 2 per run over 5 alternating runs each (the VM's other work moves a run by +-15%): thread
-backend 30.2-40.7 -> 20.8-32.4 us per output token (best 30.2 -> 20.8, 7.7 -> 5.3 ms per step), process backend
-27.3-31.9 -> 21.7-22.2 (the receiver, 6.6-9.1 -> 7.3-8.0, is untouched). Counted by callgrind instead (instructions,
-which no neighbour moves; the event-loop thread at the margin of 64 requests x 32 -> 96 tokens, 500 ms steps):
-thread 91.0k -> 66.0-68.1k per output token (-25 to -27%; a run's wake-ups still vary), process 93.0k -> 71.3k
-(-23%).
+Its runs (before and after the server work and the SSE rewrite): docs/results/HISTORY.md, "Host step and server
+CPU".
 """
 from __future__ import annotations
 

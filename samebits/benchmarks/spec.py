@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from samebits.benchmarks import e2e
+from samebits.benchmarks.results import figure, write_json
 from samebits.diagnostics.bench.run import release
 from samebits.diagnostics.bench.shapes import SHAPES, random_shape_model
 from samebits.engine.config import EngineConfig
@@ -195,8 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += run_batch(plain, spec, loaded, batch, args)
         del plain, spec
         release(args.device)
-    (args.out / "spec.json").write_text(json.dumps({"shape": args.shape, "device": args.device, "rows": rows},
-                                                   indent=2))
+    write_json({"shape": args.shape, "device": args.device, "rows": rows}, args.out / "spec.json")
     print_table(rows)
     plot(rows, args.out / "spec.png")
     return 0 if all(r["same_bits"] for r in rows) else 1
@@ -217,18 +217,11 @@ def print_table(rows: list[dict]) -> None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 3.5))
-    ax.bar([f"{r['drafter']} b{r['batch']}" for r in rows], [r["speedup"] for r in rows])
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_ylabel("speedup over plain decoding")
-    ax.tick_params(axis="x", rotation=60, labelsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(path, figsize=(9, 3.5)) as (_, ax):
+        ax.bar([f"{r['drafter']} b{r['batch']}" for r in rows], [r["speedup"] for r in rows])
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_ylabel("speedup over plain decoding")
+        ax.tick_params(axis="x", rotation=60, labelsize=7)
 
 
 # samebits: deterministic because main runs the load and every engine inside deterministic_runtime()

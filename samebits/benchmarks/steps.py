@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from samebits.benchmarks import e2e
+from samebits.benchmarks.results import figure, write_json
 from samebits.diagnostics.bench.shapes import random_shape_model
 from samebits.engine.sampling_params import SamplingParams
 from samebits.runtime import deterministic_runtime
@@ -134,8 +135,7 @@ def main() -> None:
         runs = [run for run in runs if run[0] == "fast"]
     rows = [r for mode, overlap, grid in runs
             for r in measure(loaded, mode, overlap, grid, batches, args.prompt_len, args.steps)]
-    (args.out / "steps.json").write_text(json.dumps({"shape": args.shape, "quantization": args.quantization,
-                                                     "rows": rows}, indent=2))
+    write_json({"shape": args.shape, "quantization": args.quantization, "rows": rows}, args.out / "steps.json")
     print_table(rows)
     plot(rows, args.out / "steps.png")
 
@@ -155,20 +155,13 @@ def print_table(rows: list[dict]) -> None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 3.5))
-    labels = [f"{r['mode'][:3]}{'+a' if r['async_scheduling'] else ''}{'+full' if r['grid'] == 'full' else ''} "
-              f"b{r['batch']}" for r in rows]
-    ax.bar(labels, [r["wall_ms"] for r in rows], label="wall")
-    ax.bar(labels, [r["gpu_busy_ms"] for r in rows], label="GPU busy")
-    ax.set_ylabel("ms per decode step")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(path, figsize=(9, 3.5)) as (_, ax):
+        labels = [f"{r['mode'][:3]}{'+a' if r['async_scheduling'] else ''}{'+full' if r['grid'] == 'full' else ''} "
+                  f"b{r['batch']}" for r in rows]
+        ax.bar(labels, [r["wall_ms"] for r in rows], label="wall")
+        ax.bar(labels, [r["gpu_busy_ms"] for r in rows], label="GPU busy")
+        ax.set_ylabel("ms per decode step")
+        ax.legend()
 
 
 # samebits: intentionally nondeterministic because a benchmark times stock torch and fast mode beside deterministic

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from samebits.benchmarks import e2e
+from samebits.benchmarks.results import figure, write_json
 from samebits.diagnostics.bench.shapes import random_shape_model
 from samebits.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from samebits.runtime import deterministic_runtime
@@ -179,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     loaded = copy.copy(loaded)
     object.__setattr__(loaded, "tokenizer", tokenizer)  # LoadedModel is frozen; the weights digest stays
     rows = [measure(loaded, mode, args.requests, args.prompt_len, args.max_tokens) for mode in args.modes.split(",")]
-    (args.out / "structured.json").write_text(json.dumps({"shape": args.shape, "vocab_build_s": vocab_s,
-                                                          "rows": rows}, indent=2))
+    write_json({"shape": args.shape, "vocab_build_s": vocab_s, "rows": rows}, args.out / "structured.json")
     print_table(rows)
     plot(rows, args.out / "structured.png")
     return 0
@@ -203,21 +203,14 @@ def print_table(rows: list[dict]) -> None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    labels = [r["mode"] for r in rows]
-    x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], [r["unconstrained_tok_s"] for r in rows], 0.4, label="unconstrained")
-    ax.bar([i + 0.2 for i in x], [r["constrained_tok_s"] for r in rows], 0.4, label="JSON schema")
-    ax.set_xticks(list(x), labels)
-    ax.set_ylabel("output tok/s")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(path, figsize=(7, 3.5)) as (_, ax):
+        labels = [r["mode"] for r in rows]
+        x = range(len(rows))
+        ax.bar([i - 0.2 for i in x], [r["unconstrained_tok_s"] for r in rows], 0.4, label="unconstrained")
+        ax.bar([i + 0.2 for i in x], [r["constrained_tok_s"] for r in rows], 0.4, label="JSON schema")
+        ax.set_xticks(list(x), labels)
+        ax.set_ylabel("output tok/s")
+        ax.legend()
 
 
 # samebits: intentionally nondeterministic because a benchmark times fast mode beside deterministic mode, each in its

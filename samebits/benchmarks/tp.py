@@ -1,4 +1,4 @@
-"""Tensor parallelism (issues 16, 17): bits across TP sizes and modes, throughput, batch-1 latency, all-reduce cost.
+"""Tensor parallelism (docs/TP.md): bits across TP sizes and modes, throughput, batch-1 latency, all-reduce cost.
 
 For each TP size and mode, one engine over a random-weight model (rank 0 builds it, shards ship to the workers):
 - `invariant` (deterministic kernels, all_reduce=invariant): every request's tokens and logprob bits must be equal at
@@ -27,6 +27,7 @@ import torch
 
 from samebits.benchmarks.e2e import SHAPES as E2E_SHAPES
 from samebits.benchmarks.e2e import NullTokenizer
+from samebits.benchmarks.results import figure, write_json
 from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams
@@ -223,25 +224,19 @@ def random_loaded(args) -> LoadedModel:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for mode in sorted({r["mode"] for r in report["runs"]}):
-        mine = sorted((r for r in report["runs"] if r["mode"] == mode), key=lambda r: r["tp"])
-        a.plot([r["tp"] for r in mine], [r["tokens_per_s"] for r in mine], marker="o", label=mode)
-        b.plot([r["tp"] for r in mine], [r["batch1_ms_per_token"] for r in mine], marker="o", label=mode)
-    a.set(xlabel="TP size", ylabel="tokens/s", title=f"{report['requests']} requests at once", xscale="log", xticks=[])
-    b.set(xlabel="TP size", ylabel="ms / token", title="batch 1 decode", xscale="log")
-    for ax in (a, b):
-        ax.set_xticks(report["tp_sizes"], [str(t) for t in report["tp_sizes"]])
-        ax.legend()
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"tensor parallelism, {report['shape']} random {report['dtype']}, {report['device_name']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(path, 1, 2, figsize=(11, 4)) as (fig, (a, b)):
+        for mode in sorted({r["mode"] for r in report["runs"]}):
+            mine = sorted((r for r in report["runs"] if r["mode"] == mode), key=lambda r: r["tp"])
+            a.plot([r["tp"] for r in mine], [r["tokens_per_s"] for r in mine], marker="o", label=mode)
+            b.plot([r["tp"] for r in mine], [r["batch1_ms_per_token"] for r in mine], marker="o", label=mode)
+        a.set(xlabel="TP size", ylabel="tokens/s", title=f"{report['requests']} requests at once", xscale="log",
+              xticks=[])
+        b.set(xlabel="TP size", ylabel="ms / token", title="batch 1 decode", xscale="log")
+        for ax in (a, b):
+            ax.set_xticks(report["tp_sizes"], [str(t) for t in report["tp_sizes"]])
+            ax.legend()
+            ax.grid(alpha=0.3)
+        fig.suptitle(f"tensor parallelism, {report['shape']} random {report['dtype']}, {report['device_name']}")
 
 
 def main(argv=None) -> int:
@@ -266,7 +261,7 @@ def main(argv=None) -> int:
               "bits_across_tp": compare(rows), "scaling_efficiency": scaling(rows), "collectives_us": coll,
               "runs": [{k: v for k, v in r.items() if k != "keys"} for r in rows],
               "model": dataclasses.asdict(loaded.config)}
-    (args.out / "tp.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    write_json(report, args.out / "tp.json", sort_keys=True)
     plot(report, args.out / "tp.png")
     print(json.dumps({k: report[k] for k in ("bits_across_tp", "scaling_efficiency")}, indent=2))
     return 0

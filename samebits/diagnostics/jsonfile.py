@@ -5,5 +5,5 @@ import json
 from pathlib import Path
 
 
-def write_json(report: dict, path: Path, sort_keys: bool = False) -> None:
-    Path(path).write_text(json.dumps(report, indent=2, sort_keys=sort_keys) + "\n", encoding="utf-8")
+def write_json(report: dict, path: Path, sort_keys: bool = False, indent: int = 2) -> None:
+    Path(path).write_text(json.dumps(report, indent=indent, sort_keys=sort_keys) + "\n", encoding="utf-8")

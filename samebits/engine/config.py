@@ -16,7 +16,7 @@ ALL_REDUCE_ROUTES = ("ordered", "native", "invariant")
 # Tokens per KV page where block_size is None, by device type; other devices take vLLM's 16, which shares prefixes
 # more finely. On CUDA a page of the attention's KV tile (64 tokens, kernels/configs.py attention.kv_tile) holds
 # whole tiles, so the kernel loads one block id per tile instead of gathering key by key: decode 1.05-1.36x and
-# prefill 1.2x faster on the H200 than 16-token pages (docs/BENCHMARKS.md section 3). The bits never depend on it.
+# prefill 1.2x faster on the H200 than 16-token pages (docs/results/HISTORY.md §3). The bits never depend on it.
 BLOCK_SIZES = {"cuda": 64}
 OTHER_BLOCK_SIZE = 16
 # Where data-parallel replicas run (samebits/fleet, docs/FLEET.md): Ray actors. vLLM's other backend, "mp", is not

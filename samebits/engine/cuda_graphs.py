@@ -6,7 +6,7 @@ mode they change no bit of a real row (each row's arithmetic depends only on its
 is captured with max_context_len = the step's grid length (`grid_len`: the KV split times a power of two, at least the
 step's longest context, at most max_model_len), so the kernels' grids are fixed per graph; each row still stops at its
 own context length, and the split-KV merge gives the same bits as the in-program fold (tested in the attention suite).
-A grid of max_model_len for every step cost 1.2-1.3x the attention at 512 tokens (docs/BENCHMARKS.md §3).
+A grid of max_model_len for every step cost 1.2-1.3x the attention at 512 tokens (docs/results/HISTORY.md §3).
 """
 from __future__ import annotations
 

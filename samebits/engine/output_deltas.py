@@ -1,7 +1,7 @@
 """Cumulative RequestOutputs sent as deltas: what crosses the engine process's pipe each step (engine_process.py).
 
-A step's cumulative outputs grow with every token (256 requests of 300 tokens with logprobs pickle in ~20 ms, more
-than a decode step), so the engine's side sends only what is new since it last sent that request: the tokens,
+A step's cumulative outputs grow with every token (256 requests of 300 tokens with logprobs take longer to pickle
+than a decode step takes), so the engine's side sends only what is new since it last sent that request: the tokens,
 logprobs and top logprobs appended, the text as (characters kept, new tail) (a stop string can cut text back), and
 the few scalars whole. The server's side appends them to its copy and hands out fresh RequestOutputs equal to the
 engine's own, every value (float bits, text, finish and stop reasons, cached tokens, times) carried, none recomputed.

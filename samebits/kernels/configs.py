@@ -26,9 +26,9 @@ TILE_CONFIGS["matmul"] = {
     "set of bits; GROUP_M=8 everywhere so the M-tiles sharing a weight tile run back to back and read it from "
     "L2 (launch order only, never the math). M = 1 (batch-1 decode, the eager lm_head): 64 weight rows and K "
     "steps of 256 per program, the fastest of 40 tiles or within 2.2 % of it at every 8B weight shape, 15-24 % "
-    "faster than [16, 32, 128] (lm_head 252 vs 306 us, o 13.6 vs 18.0), all 40 with the same bits; at M = 8 and 16 "
+    "faster than [16, 32, 128], all 40 with the same bits; at M = 8 and 16 "
     "it was 1-7 % slower than [16, 32, 128] at qkv, o and the lm_head, faster at gate_up and down, so the row serves "
-    "M = 1 alone (scripts/gemm_decode_probe.py, docs/BENCHMARKS.md section 2).",
+    "M = 1 alone (docs/results/gemm_decode.h200.m1.json, docs/results/HISTORY.md §2).",
 }
 
 TILE_CONFIGS["vendor_gemm"] = {
@@ -37,9 +37,10 @@ TILE_CONFIGS["vendor_gemm"] = {
     "why": "cuBLASLt with a 1 KiB workspace cannot split K; on the H200 it gave the Triton kernel's bits at every M "
     "tried (1...8192, K a multiple of 64; docs/BACKGROUND.md baseline cublas_ws, and benchmarks/kernels.py), so it is "
     "used only for a weight shape whose self-test (every element equal to the Triton kernel at each test_m) passed "
-    "in this process. Speed (benchmarks/kernels.py, H200): in a CUDA graph it matches stock cuBLAS at every M "
-    "(M=1: 12.8 us vs Triton 18.4 us); called eagerly torch adds ~0.25 ms of host time per call (its heuristic "
-    "query), so eager calls take it only above eager_min_gflop (~ where the Triton kernel's GPU time passes that).",
+    "in this process. Speed (benchmarks/kernels.py, H200): in a CUDA graph it matches stock cuBLAS at every M, ahead "
+    "of the Triton kernel at M = 1; called eagerly torch adds host time to each call (its heuristic query), so eager "
+    "calls take it only above eager_min_gflop (~ where the Triton kernel's GPU time passes that; docs/BENCHMARKS.md "
+    "§2).",
 }
 
 TILE_CONFIGS["triton"] = {
@@ -69,7 +70,7 @@ TILE_CONFIGS["cpu_mkl"] = {
     "config": {"cnr": "AVX2,STRICT", "portable_cnr": "COMPATIBLE,STRICT"},
     "why": "MKL's strict conditional numerical reproducibility: results independent of the thread count, on one code "
     "path. The template pins `cnr`; a user exporting MKL_CBWR=`portable_cnr` instead gets it pinned. Measured on "
-    "an AMD EPYC (torch 2.13) and an Intel Xeon Sapphire Rapids (torch 2.11), scripts/cpu_numerics_probe.py: MKL "
+    "an AMD EPYC (torch 2.13) and an Intel Xeon Sapphire Rapids (torch 2.11), docs/results/cpu_numerics.*.jsonl: MKL "
     "refuses the Intel branches on AMD and runs AUTO strictly; the route's GEMM block then equals Intel's AVX2 "
     "branch bit for bit, but torch's CPU exp/log/sin/cos go through MKL's vector math, which follows the branch on "
     "Intel and not on AMD, so model bits differ (tokens agreed; thread-independent at 2 and 16 threads on Intel). "
@@ -98,7 +99,7 @@ TILE_CONFIGS["softmax"] = {
     "config": {"max_block": 16384, "num_warps": 16},
     "why": "One row per program; online max/sum per lane over BLOCK = min(next_pow2(N), 16384) columns, merged "
     "across lanes by one tl.max/tl.sum of fixed layout. 16384/16 warps: fastest of five on the H200 for a 128k "
-    "vocabulary (M=64: 35 us vs 92 us at 4096/8).",
+    "vocabulary, well ahead of 4096/8 (benchmarks/kernels.py --sweep).",
 }
 
 TILE_CONFIGS["det_sum"] = {
@@ -117,19 +118,19 @@ TILE_CONFIGS["attention.query_tile"] = {
     "MMA's N side, S^T = K Q^T and O^T = V^T P^T; prefill tiles (128 rows) on its M side, FlashAttention's layout, "
     "where the softmax max stays in a warp and P is the A operand in registers instead of staged through shared "
     "memory. On the H200 every element of S, of acc + P V and of a ones-MMA row sum has the same bits whichever side "
-    "its row is on, at 16-128 rows and 4 or 8 warps (scripts/mma_roles_probe.py, docs/results/mma_roles.h200.json; "
-    "earlier, rows on N alone at 16-128 rows: scripts/attention_rows_probe.py). The row sum l is the one reduction "
+    "its row is on, at 16-128 rows and 4 or 8 warps (docs/results/mma_roles.h200.json; earlier, rows "
+    "on N alone at 16-128 rows: docs/results/attention_rows_probe.h200.json). The row sum l is the one reduction "
     "whose order would follow the layout (tl.sum), so both layouts take it through the MMA, P times a ones block "
     "accumulated like O. That changed every bit of the kernel before (l was tl.sum of the fp32 P) and made prefill "
-    "1.5-1.6x faster (8192 tokens 3.37 -> 2.17 ms, 1024 tokens 99.5 -> 65.1 us), decode equal or faster (batch 1 x "
-    "512: 14.4 -> 12.5 us; docs/results/attention_variants.h200.rows_on_m.json). Every tile loads its block ids a "
+    "1.5-1.6x faster, decode equal or faster (docs/results/attention_variants.h200.rows_on_m.json). Every tile loads its block ids a "
     "tile ahead and runs 3 stages, so the K/V copies of tile j+2 are in flight while tile j computes. Prefill tiles "
     "are 128 rows at 8 warps (two warpgroups of 64 rows sharing each K/V copy; one program per SM, 134 KB of shared "
     "memory): with the TMA copies that was 3-4 % faster than 64 rows at 4 warps and 2 stages at 2048 tokens, 7-9 % at "
     "4096 and 12-18 % at 8192, in three interleaved rounds, bit for bit (docs/results/attention_variants.h200."
     "r128.json); 64 rows at 3 stages need 115 KB, one program per SM of 4 warps, and were 8-17 % slower. Decode "
     "tiles: 3 stages were 1.08-1.35x faster at batch <= 64 than 2. num_warps is bit-changing below 4: at 2 warps "
-    "(mma.sync) rows differ, while stages 2-5 and 4 or 8 warps give every bit (scripts/attention_stages_probe.py). "
+    "(mma.sync) rows differ, while stages 2-5 and 4 or 8 warps give every bit "
+    "(docs/results/attention_stages.h200.json). "
     "fp_fusion is pinned for all attention, RoPE and KV-write kernels (the fold spells its fma out) so Triton's "
     "changing default never moves bits.",
 }
@@ -192,7 +193,7 @@ TILE_CONFIGS["tensor_parallel"] = {
     "(c0+c1)+(c2+c3)... level by level; a rank at TP=t holds tp_max/t neighbouring chunks, so its local merge is a "
     "subtree and the merge of the t gathered partials is the rest of the same tree: the order is a function of K and "
     "tp_max, never of t. Column-parallel linears and the vocab-parallel head run one GEMM per shard of the "
-    "tp_max-way split, so every GEMM has the same shape at every t. 8: the largest TP of one H200 host (issue 17).",
+    "tp_max-way split, so every GEMM has the same shape at every t. 8: the largest TP of one H200 host (docs/TP.md).",
 }
 
 TILE_CONFIGS["moe"] = {

@@ -33,8 +33,9 @@ def shape_allowed(n: int, k: int, dtype) -> bool:
 
 
 def pays_eagerly(m: int, n: int, k: int) -> bool:
-    """torch spends ~0.25 ms of host time per eager cuBLASLt call (its heuristic query): worth it only for GEMMs whose
-    GPU time is longer than that. Inside a CUDA graph the host cost is gone and cuBLASLt is faster at every M."""
+    """torch spends host time on every eager cuBLASLt call (its heuristic query): worth it only for GEMMs whose GPU
+    time is longer than that (docs/BENCHMARKS.md §2). Inside a CUDA graph the host cost is gone and cuBLASLt is
+    faster at every M."""
     return 2 * m * n * k > _CFG["eager_min_gflop"] * 1e9
 
 

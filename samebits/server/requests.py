@@ -77,8 +77,8 @@ class Job:
 
 
 # ---- parse -----------------------------------------------------------------------------------------------------
-# A parse holds the event loop and the GIL, ~1-2 ms per MB here: eight 4 MB bodies parsed back to back kept /health
-# waiting 60-170 ms on a 2-core machine (a quarter of the runs of tests/server/test_hostile_inputs.py's health test).
+# A parse holds the event loop and the GIL for a time that grows with the body: eight 4 MB bodies parsed back to back
+# kept /health waiting past its deadline on a 2-core machine (tests/server/test_hostile_inputs.py's health test).
 # Bodies from this size on take turns, one parse at a time after a pass of the loop, so a probe waits for one at most.
 BIG_BODY_BYTES = 1 << 20
 

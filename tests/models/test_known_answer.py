@@ -8,7 +8,7 @@ machine the portable path gave another answer at 16 threads (MKL's COMPATIBLE br
 the route pins the count and the fingerprint hashes it). On the template's default fast path (AVX2,STRICT) the AMD
 machine gives c37fdbf3d02c0152 and the Intel one b69238eeee7d3313 at 2 and 16 threads: same tokens, other logprob bits
 (MKL's vector math follows the CPU vendor there; the fingerprint's cpu_vector_math_answer tells them apart).
-docs/BENCHMARKS.md has the cross-machine table.
+docs/results/HISTORY.md §7 has the cross-machine table.
 """
 import json
 import os

@@ -189,7 +189,7 @@ def _fold_tiles(q, m, l2, acc, ones, blk, K, V, KD, VD, bt_row, lo, hi, last, po
     # Keys lo..hi-1 folded tile by tile in order. blk holds tile lo's block ids and each iteration loads the next
     # tile's (masked: it may pass `last`), returned for the next range. So a tile's copies never wait on the block
     # table, and Triton's pipeliner issues them NUM_STAGES - 1 tiles early; when each tile loaded its own ids, its
-    # copies were issued at the end of the iteration before, at every stage count (SASS, docs/BENCHMARKS.md section 3).
+    # copies were issued at the end of the iteration before, at every stage count (SASS, docs/results/HISTORY.md §3).
     for n0 in range(lo, hi, BLOCK_N):
         nxt = _tile_blocks(bt_row, n0 + BLOCK_N, last, BLOCK_N, BS)
         k, v = _tile_loads(K, V, KD, VD, blk, n0, last, h, stride_kb, stride_ks, stride_kh,
@@ -397,22 +397,21 @@ def _check_attention(q, k_cache, v_cache, meta) -> None:
 
 # Pages that hold whole KV tiles load them through TMA descriptors (_tile_loads), masked tiles included: on the H200,
 # decode 1-5 % faster than the gather from batch 32, prefill 8-10 % faster at 2048-8192 tokens, and 3-4 % faster than
-# prefill tiles that gather only their masked (diagonal) tiles (docs/BENCHMARKS.md section 3). A module switch so that
+# prefill tiles that gather only their masked (diagonal) tiles (docs/results/HISTORY.md §3). A module switch so that
 # probes can time the gather beside it (scripts/attention_variants_probe.py). The same bits either way.
 TMA_LOADS = True
 
 # Decode launches of at least this many (sequence, KV head) programs fold up to FOLD_SPLITS splits in each program
-# instead of running them in parallel and merging: on the H200, folded 2-split decode took 71.1 / 138.8 / 525.6 us
-# against 77.7 / 146.1 / 542.2 parallel at batch 32 / 64 / 256 x 2048 tokens, and lost below 32 x 8 programs (8 x 2048:
-# 50.5 against 30.3 us); longer contexts stay parallel, so one long sequence is never walked by one program alone
-# (docs/results/attention_variants.h200.deferred.json). The bits are the same either way.
+# instead of running them in parallel and merging: on the H200 folding was faster at batch 32, 64 and 256 x 2048
+# tokens and slower below 32 x 8 programs; longer contexts stay parallel, so one long sequence is never walked by one
+# program alone (docs/results/attention_variants.h200.deferred.json). The bits are the same either way.
 FOLD_PROGRAMS = 256
 FOLD_SPLITS = 2
 
 # Decode launches with splits in parallel merge them in their last program (_merge_if_last) instead of a merge
-# kernel: on the H200, in CUDA graphs, 1 x 2048 tokens 16.7 against 17.6 us, 1 x 8192 18.8 against 20.3, 1 x 32768
-# 45.4 against 48.9, 8 x 2048 22.6 against 23.7, bit for bit (docs/BENCHMARKS.md section 3). A module switch so that
-# tests and probes can run the merge kernel beside it (tests/kernels/triton/test_attention.py).
+# kernel: on the H200 that saves the merge launch, 5-7 % of a decode whose splits run in parallel, bit for bit
+# (docs/results/HISTORY.md §3). A module switch so that tests and probes can run the merge kernel beside it
+# (tests/kernels/triton/test_attention.py).
 FUSED_MERGE = True
 # The fused merge's counters: int32 per (query tile, sequence, KV head) of a launch, zero between launches (the merging
 # program resets its own). One buffer per device, so launches that share a device must be ordered, as on one stream
@@ -423,10 +422,9 @@ MIN_COUNTERS = 1 << 16
 
 
 # Decode launches of at most this many programs run the Gluon tile (attention_gluon.py) on Hopper, in 16-bit dtypes on
-# pages of whole KV tiles: the same bits, the next tile's scores in flight during the softmax. On the H200, in CUDA
-# graphs: 1 x 512 tokens 8.2 against 9.0 us, 1 x 2048 14.9 against 16.6, 1 x 8192 17.2 against 18.7, 8 x 512 8.5
-# against 9.3, 8 x 2048 (128 programs) 22.1 against 22.6; but 1 x 32768 (256 programs) 51.6 against 45.1 and 32 x 2048
-# 70.8 against 64.7, where programs share SMs (docs/results/gluon_decode.h200.json). 0 turns it off.
+# pages of whole KV tiles: the same bits, the next tile's scores in flight during the softmax. On the H200 it was
+# faster up to 128 programs (8 x 2048) and slower from 256 (1 x 32768, 32 x 2048), where programs share SMs
+# (docs/results/gluon_decode.h200.json, docs/BENCHMARKS.md §3). 0 turns it off.
 GLUON_PROGRAMS = 128
 
 

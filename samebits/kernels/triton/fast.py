@@ -1,8 +1,8 @@
 """The fast backend on CUDA (the table's ("fast", "cuda") row): the vendor's GEMMs, softmax and reductions, whose
 blocking follows the shapes (not batch-invariant), and the Triton kernels where an op has no reduction across rows to
 reorder: the attention block (at least as fast as per-sequence SDPA where it has a tile; SDPA serves the other head
-dims), the fused norms and silu_and_mul: one launch each where torch's forms take two or three (docs/BENCHMARKS.md
-section 8 has what that cost at batch 256). Experts: torch's grouped GEMM (CUTLASS, bf16 on Hopper) with torch.topk's
+dims), the fused norms and silu_and_mul: one launch each where torch's forms take two or three (docs/results/HISTORY.md
+§8 has what that cost at batch 256). Experts: torch's grouped GEMM (CUTLASS, bf16 on Hopper) with torch.topk's
 routing, else the fused Triton kernels."""
 from __future__ import annotations
 
