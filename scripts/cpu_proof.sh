@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 export OMP_NUM_THREADS=$CORES
 pin="taskset -c 0-$((CORES - 1))"
 grep -m1 'model name' /proc/cpuinfo
-python3 -c "import torch; from samebits.runtime import mkl; print(torch.__version__, torch.backends.cpu.get_cpu_capability(), 'MKL CNR entry points:', mkl.available())"
+python3 -c "import torch; from samebits.kernels.cpu import mkl; print(torch.__version__, torch.backends.cpu.get_cpu_capability(), 'MKL CNR entry points:', mkl.available())"
 steps=${*:-suite route}
 for step in $steps; do
   echo "=== $step ($(date +%T), $CORES cores)"

@@ -23,8 +23,7 @@ from rich.table import Table
 
 import samebits.kernels as K
 from samebits.benchmarks.results import figure, write_json
-from samebits.kernels.cpu import gemm
-from samebits.runtime import mkl
+from samebits.kernels.cpu import gemm, mkl
 
 # (K, N): SmolLM2-135M's linears and lm_head, an 8B-shaped square, and the probe shapes.
 PROBE_SHAPES = [(576, 1536), (1000, 1536), (384, 777), (4096, 4096), (1536, 576)]

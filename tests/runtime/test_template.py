@@ -78,7 +78,8 @@ def test_mkl_pins_the_portable_path_when_exported_else_its_own(stock, monkeypatc
 
 _MKL_SCRIPT = """
 import os, torch
-from samebits.runtime import deterministic_runtime, mkl
+from samebits.kernels.cpu import mkl
+from samebits.runtime import deterministic_runtime
 if {early}:
     torch.ones(8, 8) @ torch.ones(8, 8)  # MKL computes before the template
 with deterministic_runtime():
