@@ -135,3 +135,29 @@ def test_attention_without_write_kv_is_refused():
     ops = TrainOps(get_ops("deterministic", "cpu"))
     with pytest.raises(RuntimeError, match="no write_kv into this cache came first"):
         ops.attention(torch.zeros(1, 1, 64), torch.zeros(1, 16, 1, 64), torch.zeros(1, 16, 1, 64), None, 0.125)
+
+
+def relative_errors(grads: dict, truth: dict) -> list[float]:
+    """Per tensor max |grads - truth| / max |truth|, sorted."""
+    return sorted(float((grads[n].float() - t).abs().max() / t.abs().max()) for n, t in truth.items())
+
+
+def test_bf16_gradient_error_is_transformers_bf16_error(seed):
+    """In bf16 the fused backward is no further from the fp32 gradient than transformers' bf16 autograd is, from the
+    same weights (fp32 ones rounded to bf16): the median tensor's error within 1.5x of transformers' (measured 0.76-1.09x
+    over seeds 4-9), the largest within 2x (0.65-1.24x: one tensor, noisier). The H200 measured about 3x for both at
+    the 1B shape (docs/RL.md, Limits): this pins the CPU side of that comparison."""
+    model = hf_model("llama3", {}, seed).bfloat16().float()
+    reference_loss(model).backward()
+    truth = LlamaModel(Policy.from_hf(model).config, get_ops("fast", "cpu"))
+    truth.load_weights((n, p.grad) for n, p in model.named_parameters())
+    truth = {n: p.detach() for n, p in truth.named_parameters()}
+    hf_bf16 = model.bfloat16()
+    hf_bf16.zero_grad(set_to_none=True)
+    reference_loss(hf_bf16).backward()
+    theirs = LlamaModel(Policy.from_hf(hf_bf16).config, get_ops("fast", "cpu"))
+    theirs.load_weights((n, p.grad.float()) for n, p in hf_bf16.named_parameters())
+    theirs = relative_errors({n: p.detach() for n, p in theirs.named_parameters()}, truth)
+    ours = relative_errors(policy_grads(Policy.from_hf(hf_bf16)), truth)
+    assert ours[-1] <= 2.0 * theirs[-1], (ours[-1], theirs[-1])
+    assert ours[len(ours) // 2] <= 1.5 * theirs[len(theirs) // 2], (ours[len(ours) // 2], theirs[len(theirs) // 2])
