@@ -10,7 +10,10 @@ largest and the median over tensors), plus the forward's error (the completion t
 - samebits `Policy`, fused backward (the device's kernels, kernels/grads.py's table);
 - the same with one backward op (attention, RMSNorm, SiLU·mul, the linears) replaced by its torch form
   (kernels/grads.py: fp32 math, one rounding), then all of them; the row whose error falls is where the excess is;
-- the reference backward (rl/train_ops.py: autograd through rl/reference.py's torch ops).
+- the reference backward (rl/train_ops.py: autograd through rl/reference.py's torch ops);
+- the fused policy built as benchmarks/rl.py builds it (random_model on deterministic ops, not copied from the
+  transformers module): equal to the fused row unless that benchmark's two models differ;
+- the fused backward in fp32 (the device's kernels on fp32 weights): ~1e-5 unless a kernel's math is off at the shape.
 
     python -m samebits.benchmarks.rl_grads --out OUT                           (1B shape, ~3 min on an H200)
     python -m samebits.benchmarks.rl_grads --out OUT --device cpu --shape tiny --sequences 3   (a smoke run)
@@ -31,7 +34,7 @@ from samebits.kernels import get_ops
 from samebits.kernels import grads as torch_forms
 from samebits.kernels.grads import GRADS, get_grads
 from samebits.models.config import ModelConfig
-from samebits.models.testing import random_model
+from samebits.models.testing import hf_parameters_to, random_model
 from samebits.rl.policy import Policy
 from samebits.runtime import deterministic_runtime
 
@@ -63,8 +66,8 @@ def hf_row(config, hf, prompts, completions, dtype):
     return lp.detach().cpu(), bench.in_our_names(config, hf, dtype)
 
 
-def policy_row(hf, prompts, completions, swap=(), **policy_args):
-    policy = Policy.from_hf(hf, **policy_args)
+def policy_row(hf, prompts, completions, swap=(), policy=None, **policy_args):
+    policy = policy or Policy.from_hf(hf, **policy_args)
     if policy.ops.fused:
         device = get_grads(bench.DEVICE)
         policy.ops.grads = SimpleNamespace(**{g: getattr(torch_forms if g in swap else device, g) for g in GRADS})
@@ -101,8 +104,12 @@ def main() -> None:
         rows[name] = policy_row(hf, prompts, completions, swap)
         bench.release()
     rows["reference_backward"] = policy_row(hf, prompts, completions, backward="reference")
+    built = Policy(random_model(config, get_ops("deterministic", args.device), torch.bfloat16, seed=args.seed))
+    rows["fused_as_rl_benchmark_builds_it"] = policy_row(hf, prompts, completions, policy=built)
+    del built
     hf.zero_grad(set_to_none=True)
-    hf.float()  # the same weights, exactly
+    hf_parameters_to(hf, torch.float32)  # the same weights, exactly
+    rows["fused_fp32"] = policy_row(hf, prompts, completions)
     truth_lp, truth = hf_row(config, hf, prompts, completions, torch.float32)
     truth = {n: t.float() for n, t in truth.items()}
     report = {"shape": args.shape, "sequences": args.sequences, "seed": args.seed,
