@@ -13,7 +13,11 @@ largest and the median over tensors), plus the forward's error (the completion t
 - the reference backward (rl/train_ops.py: autograd through rl/reference.py's torch ops);
 - the fused policy built as benchmarks/rl.py builds it (random_model on deterministic ops, not copied from the
   transformers module): equal to the fused row unless that benchmark's two models differ;
-- the fused backward in fp32 (the device's kernels on fp32 weights): ~1e-5 unless a kernel's math is off at the shape.
+- the fused backward in fp32 (the device's kernels on fp32 weights): ~1e-5 unless a kernel's math is off at the shape;
+- transformers cast by `Module.to(bf16)`, which rounds RoPE's inv_freq buffer (models/testing.py hf_parameters_to).
+Then the same rows against the reference benchmarks/rl.py used to build (`Module.to(bf16).float()`: fp32 weights, RoPE
+frequencies rounded to bf16), which put samebits at ~3x transformers' bf16 error: against it samebits is off by the
+model's difference, transformers' `.to(bf16)` model is not.
 
     python -m samebits.benchmarks.rl_grads --out OUT                           (1B shape, ~3 min on an H200)
     python -m samebits.benchmarks.rl_grads --out OUT --device cpu --shape tiny --sequences 3   (a smoke run)
@@ -21,6 +25,7 @@ largest and the median over tensors), plus the forward's error (the completion t
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import random
 from pathlib import Path
@@ -107,19 +112,31 @@ def main() -> None:
     built = Policy(random_model(config, get_ops("deterministic", args.device), torch.bfloat16, seed=args.seed))
     rows["fused_as_rl_benchmark_builds_it"] = policy_row(hf, prompts, completions, policy=built)
     del built
+    rounded = copy.deepcopy(hf).to(torch.bfloat16)  # Module.to: RoPE's inv_freq rounded to bf16 (hf_parameters_to)
+    rows["hf_bf16_module_to"] = hf_row(config, rounded, prompts, completions, torch.bfloat16)
     hf.zero_grad(set_to_none=True)
     hf_parameters_to(hf, torch.float32)  # the same weights, exactly
     rows["fused_fp32"] = policy_row(hf, prompts, completions)
-    truth_lp, truth = hf_row(config, hf, prompts, completions, torch.float32)
-    truth = {n: t.float() for n, t in truth.items()}
     report = {"shape": args.shape, "sequences": args.sequences, "seed": args.seed,
               "tokens": sum(len(p) + len(c) - 1 for p, c in zip(prompts, completions))}
-    for name, (lp, grads) in rows.items():
-        report[name] = errors(lp, grads, truth_lp, truth)
-        r = report[name]
-        print(f"{name:24s} grad max {r['grad_max']:.4f} median {r['grad_median']:.4f} worst {r['worst']:28s} "
-              f"logprob max {r['logprob_max']:.2e} mean {r['logprob_mean']:.2e}", flush=True)
+    report["vs_fp32"] = table(rows, *hf_row(config, hf, prompts, completions, torch.float32))
+    del hf
+    bench.release()
+    # The reference benchmarks/rl.py compared against before: fp32 with bf16-rounded RoPE frequencies.
+    print("against transformers fp32 with RoPE frequencies rounded to bf16 (Module.to(bf16).float()):")
+    report["vs_fp32_rounded_rope"] = table({n: rows[n] for n in ("hf_bf16_module_to", "fused", "fused_fp32")},
+                                           *hf_row(config, rounded.float(), prompts, completions, torch.float32))
     (args.out / "rl_grads.json").write_text(json.dumps(report, indent=1))
+
+
+def table(rows: dict, truth_lp, truth) -> dict:
+    truth = {n: t.float() for n, t in truth.items()}
+    out = {}
+    for name, (lp, grads) in rows.items():
+        r = out[name] = errors(lp, grads, truth_lp, truth)
+        print(f"{name:32s} grad max {r['grad_max']:.4f} median {r['grad_median']:.4f} worst {r['worst']:28s} "
+              f"logprob max {r['logprob_max']:.2e} mean {r['logprob_mean']:.2e}", flush=True)
+    return out
 
 
 if __name__ == "__main__":
