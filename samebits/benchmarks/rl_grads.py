@@ -21,6 +21,8 @@ model's difference, transformers' `.to(bf16)` model is not.
 
     python -m samebits.benchmarks.rl_grads --out OUT                           (1B shape, ~3 min on an H200)
     python -m samebits.benchmarks.rl_grads --out OUT --device cpu --shape tiny --sequences 3   (a smoke run)
+    python -m samebits.benchmarks.rl_grads --out OUT --device cpu --shape 1b --layers 4 --vocab 2048 --sequences 2
+                                                                            (the 1B width on the CPU, ~10 min)
 """
 from __future__ import annotations
 
@@ -97,10 +99,13 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--sequences", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, help="the shape with this many layers (a CPU run at a real width)")
+    ap.add_argument("--vocab", type=int, help="the shape with this vocabulary size")
     args = ap.parse_args()
     bench.DEVICE = args.device
     args.out.mkdir(parents=True, exist_ok=True)
-    config = ModelConfig(**SHAPES[args.shape])
+    overrides = {"num_layers": args.layers, "vocab_size": args.vocab}
+    config = ModelConfig(**{**SHAPES[args.shape], **{k: v for k, v in overrides.items() if v is not None}})
     prompts, completions = batch(config, args.sequences, args.seed)
     hf = bench.hf_model(config, random_model(config, get_ops("fast", args.device), torch.bfloat16, seed=args.seed))
     bench.release()
@@ -117,7 +122,7 @@ def main() -> None:
     hf.zero_grad(set_to_none=True)
     hf_parameters_to(hf, torch.float32)  # the same weights, exactly
     rows["fused_fp32"] = policy_row(hf, prompts, completions)
-    report = {"shape": args.shape, "sequences": args.sequences, "seed": args.seed,
+    report = {"shape": args.shape, **overrides, "sequences": args.sequences, "seed": args.seed,
               "tokens": sum(len(p) + len(c) - 1 for p, c in zip(prompts, completions))}
     report["vs_fp32"] = table(rows, *hf_row(config, hf, prompts, completions, torch.float32))
     del hf
