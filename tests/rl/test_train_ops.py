@@ -143,20 +143,20 @@ def gradients_in_our_names(config, model, loss) -> dict:
     """loss(model)'s gradients of a transformers module under samebits' (fused) parameter names, in fp32."""
     loss(model).backward()
     ours = LlamaModel(config, get_ops("fast", "cpu"))
-    ours.load_weights((n, p.grad.float()) for n, p in model.named_parameters())
+    ours.load_weights((n, p.grad.float().cpu()) for n, p in model.named_parameters())
     return {n: p.detach() for n, p in ours.named_parameters()}
 
 
 def relative_errors(grads: dict, truth: dict) -> list[float]:
     """Per tensor max |grads - truth| / max |truth|, sorted."""
-    return sorted(float((grads[n].float() - t).abs().max() / t.abs().max()) for n, t in truth.items())
+    return sorted(float((grads[n].float().cpu() - t).abs().max() / t.abs().max()) for n, t in truth.items())
 
 
-def test_bf16_gradient_error_is_transformers_bf16_error(seed):
-    """In bf16 the fused backward is no further from the fp32 gradient than transformers' bf16 autograd is, from the
-    same weights (fp32 ones rounded to bf16; transformers' RoPE frequencies kept fp32 in both, hf_parameters_to): the
-    median tensor's error within 1.5x of transformers', the largest within 2x (one tensor: noisier)."""
-    model = hf_parameters_to(hf_parameters_to(hf_model("llama3", {}, seed), torch.bfloat16), torch.float32)
+def assert_bf16_error_within_transformers(seed, device="cpu"):
+    """samebits' bf16 gradients against transformers' fp32 ones from the same weights (fp32 ones rounded to bf16;
+    transformers' RoPE frequencies kept fp32 in both, hf_parameters_to): the median tensor's error within 1.5x of
+    transformers' bf16 autograd's, the largest within 2x (one tensor: noisier)."""
+    model = hf_parameters_to(hf_parameters_to(hf_model("llama3", {}, seed), torch.bfloat16), torch.float32).to(device)
     config = Policy.from_hf(model).config
     truth = gradients_in_our_names(config, model, reference_loss)
     hf_bf16 = hf_parameters_to(model, torch.bfloat16)
@@ -165,6 +165,11 @@ def test_bf16_gradient_error_is_transformers_bf16_error(seed):
     ours = relative_errors(policy_grads(Policy.from_hf(hf_bf16)), truth)
     assert ours[-1] <= 2.0 * theirs[-1], (ours[-1], theirs[-1])
     assert ours[len(ours) // 2] <= 1.5 * theirs[len(theirs) // 2], (ours[len(ours) // 2], theirs[len(theirs) // 2])
+
+
+def test_bf16_gradient_error_is_transformers_bf16_error(seed):
+    """Measured 0.81-1.12x transformers' error (median tensor) and 0.83-1.11x (largest) over seeds 1-6."""
+    assert_bf16_error_within_transformers(seed)
 
 
 def test_module_to_rounds_transformers_rope_frequencies():
