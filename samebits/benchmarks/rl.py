@@ -37,7 +37,7 @@ from samebits.kernels import get_ops
 from samebits.models.config import ModelConfig
 from samebits.models.llama import LlamaModel
 from samebits.models.loader import LoadedModel
-from samebits.models.testing import random_model
+from samebits.models.testing import hf_parameters_to, random_model
 from samebits.rl.policy import Policy
 from samebits.rl.rollout import engine_logprobs
 from samebits.runtime import deterministic_runtime
@@ -150,7 +150,7 @@ def hf_model(config: ModelConfig, source: LlamaModel):
                       rope_theta=config.rope_theta, rms_norm_eps=config.rms_norm_eps, tie_word_embeddings=False,
                       attn_implementation="sdpa")
     with torch.device(DEVICE):
-        model = LlamaForCausalLM(cfg).to(source.dtype)
+        model = hf_parameters_to(LlamaForCausalLM(cfg), source.dtype)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(source.destination(name))  # the same weights
@@ -262,7 +262,7 @@ def transformers_step(args, config, dtype, prompts, completions, report: dict, h
     if args.quick or not fp32_fits:
         return
     hf.zero_grad(set_to_none=True)
-    hf.float()  # the same weights, exactly
+    hf_parameters_to(hf, torch.float32)  # the same weights, exactly
     release()
     hf_step(hf, mp, mc)[0]()
     truth = in_our_names(config, hf, torch.float32)

@@ -351,3 +351,13 @@ def random_loaded(hf_overrides: dict, name: str, mode: str, device: str | None =
     model = random_model(config, get_ops(mode, device), torch_dtype)
     folder = write_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="samebits-tok-")))
     return LoadedModel(model, Tokenizer.from_hf_dir(folder), config, name, folder)
+
+
+def hf_parameters_to(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A transformers module's parameters cast to dtype in place, its buffers left as they are: RoPE's inv_freq stays
+    float32, as `from_pretrained(dtype=...)` leaves it. `Module.to(dtype)` would round it to bf16 (an angle error of
+    up to ~0.5 rad at position 500, head dim 64) and `.float()` would not undo that: a comparison would hold samebits'
+    exact RoPE against another model."""
+    for p in model.parameters():
+        p.data = p.data.to(dtype)
+    return model

@@ -12,7 +12,7 @@ from samebits.kernels.triton.attention_bwd_atomic_demo import attention_bwd_atom
 from samebits.models.testing import tiny_hf_config
 from samebits.rl.policy import Policy
 from samebits.runtime import deterministic_runtime
-from tests.rl.test_train_ops import VARIANTS, assert_gradients_match_transformers
+from tests.rl.test_train_ops import VARIANTS, assert_bf16_error_within_transformers, assert_gradients_match_transformers
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
@@ -24,6 +24,12 @@ SHAPE = {"hidden_size": 512, "intermediate_size": 1408, "vocab_size": 1024, "num
 @pytest.mark.parametrize("case", sorted(VARIANTS))
 def test_cuda_gradients_match_transformers_autograd(case, seed):
     assert_gradients_match_transformers(case, seed, device="cuda")
+
+
+def test_cuda_bf16_gradient_error_is_transformers_bf16_error(seed):
+    """The Triton backward kernels in bf16 (P and dS rounded for the attention MMAs) against transformers' fp32, within
+    the CPU test's bounds of transformers' bf16 error."""
+    assert_bf16_error_within_transformers(seed, device="cuda")
 
 
 @pytest.fixture(scope="module")
