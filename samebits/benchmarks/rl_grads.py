@@ -144,5 +144,7 @@ def table(rows: dict, truth_lp, truth) -> dict:
     return out
 
 
+# samebits: intentionally nondeterministic because the comparison runs transformers' stock autograd beside samebits,
+# whose trainer rows each run inside deterministic_runtime() (policy_row).
 if __name__ == "__main__":
     main()
