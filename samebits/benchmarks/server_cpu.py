@@ -58,7 +58,7 @@ def replay_logprob(token: int, position: int) -> float:
 
 
 def tiny_tokenizer():
-    from samebits.models.testing import write_tiny_checkpoint
+    from samebits.models.synthetic import write_tiny_checkpoint
     from samebits.models.tokenizer import Tokenizer
 
     return Tokenizer.from_hf_dir(write_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="samebits-tok-"))))

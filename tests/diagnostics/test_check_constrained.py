@@ -19,7 +19,7 @@ SHAPES = {"concurrency": (1, 4, 8), "trials": 2, "max_tokens": 8, "needle_words"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from samebits.models.testing import write_tiny_checkpoint
+    from samebits.models.synthetic import write_tiny_checkpoint
     from tests.server.conftest import make_engine, start_server
 
     live = start_server(make_engine(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "llama3", seed=0)))

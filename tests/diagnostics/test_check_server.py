@@ -30,7 +30,7 @@ SHAPES = {"concurrency": (1, 4, 8), "trials": 2, "max_tokens": 8, "needle_words"
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    from samebits.models.testing import write_tiny_checkpoint
+    from samebits.models.synthetic import write_tiny_checkpoint
 
     model = write_tiny_checkpoint(tmp_path_factory.mktemp("check-tiny"), variant="llama3", seed=0)
     procs, urls = [], {}

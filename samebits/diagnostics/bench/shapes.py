@@ -59,7 +59,7 @@ def random_shape_model(shape: str, device: str, quantization: str | None = None)
     from samebits.kernels import get_ops
     from samebits.models.loader import LoadedModel, resolve_dtype
     from samebits.models.quantization import quantize_dense
-    from samebits.models.testing import random_model
+    from samebits.models.synthetic import random_model
 
     config = shape_config(shape)
     model = random_model(config, get_ops("fast", device), resolve_dtype(None, device), seed=0)

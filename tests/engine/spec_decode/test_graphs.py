@@ -9,7 +9,7 @@ from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams
 from samebits.engine.spec_decode.graphs import VerifyGraphs
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 
 
 def test_padded_rows_give_the_eager_steps_bits(tmp_path):

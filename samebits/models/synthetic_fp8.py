@@ -1,4 +1,4 @@
-"""Tiny random FP8 checkpoints in the formats users have, written from a dense tiny model (models/testing.py), and
+"""Tiny random FP8 checkpoints in the formats users have, written from a dense tiny model (models/synthetic.py), and
 their dequantised twins, for tests.
 
 `write_tiny_fp8_checkpoint(path, fmt)`: the tiny dense model's weights in bf16 (what FP8 checkpoints are made from),
@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from samebits.kernels.fp8 import BLOCK, FP8_MAX, Fp8Recipe, dequantize_weight, quantize_weight, to_fp8
 from samebits.models.config import ModelConfig
 from samebits.models.fp8 import is_linear_weight
-from samebits.models.testing import random_weights, tiny_hf_config, write_tokenizer_files
+from samebits.models.synthetic import random_weights, tiny_hf_config, write_tokenizer_files
 
 _CT_FLOAT8 = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None, "actorder": None}
 

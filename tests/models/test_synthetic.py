@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from samebits.models.loader_hf import load_hf_dir
-from samebits.models.testing import VARIANTS, write_tiny_checkpoint
+from samebits.models.synthetic import VARIANTS, write_tiny_checkpoint
 from tests.models.helpers import get_test_ops, prefill_logits
 
 
@@ -46,7 +46,7 @@ def test_overrides_apply_and_unknown_ones_fail(tmp_path):
 
 def test_random_model_is_seeded_and_runs():
     from samebits.models import ModelConfig
-    from samebits.models.testing import random_model, tiny_hf_config
+    from samebits.models.synthetic import random_model, tiny_hf_config
 
     config = ModelConfig.from_hf(tiny_hf_config("qwen3"))
     a, b = (random_model(config, get_test_ops("deterministic"), torch.float32, seed=7) for _ in range(2))
