@@ -189,7 +189,7 @@ def probe_run_splitk_atomic(impl: Impl, ctx: Ctx) -> list[ProbeResult]:
 def _splitk_fn(impl: Impl, x, w):
     if impl.name != "vendor":
         return (lambda: impl.ops.linear(x, w)), "ops.linear at the split-K demo's shape"
-    from samebits.kernels.triton.splitk_atomic_demo import splitk_atomic_matmul
+    from samebits.kernels.demos.splitk_atomic import splitk_atomic_matmul
 
     return (lambda: splitk_atomic_matmul(x, w)), "DEMO OF THE BUG: Triton split-K accumulating with tl.atomic_add"
 

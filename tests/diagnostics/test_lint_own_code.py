@@ -15,7 +15,7 @@ def test_our_code_has_no_finding():
 
 def test_a_removed_statement_is_caught(tmp_path):
     """Negative control: the demo's atomic without its reasoned comment is a finding."""
-    demo = PACKAGE / "kernels" / "triton" / "splitk_atomic_demo.py"
+    demo = PACKAGE / "kernels" / "demos" / "splitk_atomic.py"
     bare = "\n".join(line for line in demo.read_text().splitlines() if "samebits:" not in line)
     (tmp_path / "demo.py").write_text(bare)
     findings, _ = lint([tmp_path])

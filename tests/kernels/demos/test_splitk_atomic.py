@@ -8,7 +8,7 @@ pytestmark = pytest.mark.interpreter
 
 @pytest.mark.parametrize("m,n,k,split", [(5, 70, 300, 4), (16, 64, 128, 2)])
 def test_splitk_atomic_matmul_is_a_matmul(m, n, k, split):
-    from samebits.kernels.triton.splitk_atomic_demo import splitk_atomic_matmul
+    from samebits.kernels.demos.splitk_atomic import splitk_atomic_matmul
 
     g = torch.Generator().manual_seed(0)
     # float32: the interpreter mishandles bfloat16 loads (numpy has no bfloat16); the GPU probe uses bfloat16.
