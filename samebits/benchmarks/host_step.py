@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from samebits.diagnostics.bench.report import save_runs
+from samebits.bench.report import save_runs
 from samebits.engine.sampler import SamplerOutput
 
 # Phases in step order; "detokenize" is part of "process", "other" is the step's time outside every phase, "gc" the

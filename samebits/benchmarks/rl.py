@@ -28,8 +28,8 @@ from types import SimpleNamespace
 
 import torch
 
+from samebits.bench.shapes import SHAPES, NullTokenizer
 from samebits.benchmarks.results import figure, write_json
-from samebits.diagnostics.bench.shapes import SHAPES, NullTokenizer
 from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams

@@ -35,8 +35,8 @@ from types import SimpleNamespace
 
 import torch
 
+from samebits.bench.shapes import SHAPES
 from samebits.benchmarks import rl as bench
-from samebits.diagnostics.bench.shapes import SHAPES
 from samebits.kernels import get_ops
 from samebits.kernels import grads as torch_forms
 from samebits.kernels.grads import GRADS, get_grads

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import httpx
 
+from samebits.bench.report import args_json
 from samebits.benchmarks.results import figure, write_json
-from samebits.diagnostics.bench.report import args_json
 from samebits.server.config import ServerConfig
 
 SERVED_NAME = "bench"

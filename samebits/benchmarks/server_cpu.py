@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from samebits.diagnostics.bench.report import save_runs
+from samebits.bench.report import save_runs
 from samebits.engine.outputs import CompletionOutput, EngineInfo, EngineStats, RequestOutput, StepProgress
 from samebits.engine.sampling_params import RequestOutputKind
 from samebits.engine.seeds import SeedStream
