@@ -12,7 +12,8 @@ def write_json(report: dict, path: Path, sort_keys: bool = False, indent: int = 
 
 
 def check_writable(path: Path | None) -> None:
-    """Fail before minutes of probing, not after: ValueError when `path` cannot be written."""
+    """Fail before the minutes of work (probes, requests, a workload), not after: ValueError when `path` cannot be
+    written."""
     if path is None:
         return
     parent = path.parent if str(path.parent) else Path(".")

@@ -6,7 +6,6 @@ without logprobs each become one line on stderr and exit code 2.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from samebits.check.config import CheckConfig
 from samebits.check.experiment import Outcome, Session, Trace, outcome
 from samebits.check.html import write_html
 from samebits.check.preflight import models, pick_model, probe
-from samebits.jsonfile import write_json
+from samebits.jsonfile import check_writable, write_json
 from samebits.progress import progress_bar
 
 MODULES = {m.NAME: m for m in (needle, sampled, prefix, prefill)}
@@ -33,16 +32,6 @@ def planned(cfg: CheckConfig, compare: dict | None) -> int:
     if repeat.NAME in cfg.experiments:
         total += repeat.sends(len(others)) + len(compare["references"] if compare else [])
     return total
-
-
-def check_writable(path: Path | None) -> None:
-    """Fail before the requests, not after them."""
-    if path is None:
-        return
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise ValueError(f"cannot write {path}: " + ("it is a directory" if path.is_dir() else
-                                                     f"no writable directory {parent}"))
 
 
 async def _guarded(trace: Trace, step) -> Outcome:
