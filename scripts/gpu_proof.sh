@@ -34,7 +34,7 @@ check_endpoint() {
   python3 -m samebits.benchmarks.serve_random --random-shape 8b --mode "$1" --port 8000 > "$OUT/serve.$1.log" 2>&1 &
   local pid=$!
   for _ in $(seq 180); do curl -sf http://127.0.0.1:8000/health >/dev/null && break; sleep 1; done
-  python3 -m samebits.diagnostics.check http://127.0.0.1:8000 --model bench --concurrency 1,4,16,64,128 \
+  python3 -m samebits.check http://127.0.0.1:8000 --model bench --concurrency 1,4,16,64,128 \
     --trials 3 --max-tokens 32 --json "$OUT/check.h200.$1.json" --html "$OUT/check.h200.$1.html"
   echo "check $1 exit $?"
   kill "$pid"; wait "$pid" 2>/dev/null
@@ -45,7 +45,7 @@ for step in $steps; do
   case $step in
     tests) make test-gpu PYTEST_ARGS="-p no:cacheprovider --durations=20" 2>&1 | tee "$OUT/gpu_tests.log" | tail -60 ;;
     tests-kernels) make test-gpu PYTEST_ARGS="-p no:cacheprovider --durations=20 --ignore=tests/engine --ignore=tests/server \
-      --ignore=tests/diagnostics --ignore=tests/models --ignore=tests/rl --ignore=tests/distributed" 2>&1 \
+      --ignore=tests/probe --ignore=tests/check --ignore=tests/lint --ignore=tests/bench --ignore=tests/models --ignore=tests/rl --ignore=tests/distributed" 2>&1 \
       | tee "$OUT/gpu_tests_kernels.log" | tail -40 ;;
     tests-others) make test-gpu PYTEST_ARGS="-p no:cacheprovider --durations=20 --ignore=tests/kernels" 2>&1 \
       | tee "$OUT/gpu_tests_others.log" | tail -40 ;;

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from samebits.benchmarks import e2e
 from samebits.benchmarks.steps import measure
-from samebits.diagnostics.bench.shapes import random_shape_model
+from samebits.bench.shapes import random_shape_model
 from samebits.kernels.configs import TILE_CONFIGS
 
 

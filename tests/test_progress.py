@@ -3,7 +3,7 @@ nothing where stderr is no terminal (tests, logs) unless asked."""
 import pytest
 
 from samebits.models import load_model
-from samebits.models.testing import write_tiny_checkpoint, write_tiny_gguf
+from samebits.models.synthetic import write_tiny_checkpoint, write_tiny_gguf
 
 
 @pytest.mark.parametrize("kind", ["hf", "hf sharded", "gguf"])

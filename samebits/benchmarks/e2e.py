@@ -1,10 +1,10 @@
 """End-to-end benchmark (GPU): fast vs deterministic vs bucketed vs HF `generate`, on an 8B-shaped random model (or
-another shape of diagnostics/bench/shapes.py: `--shape qwen3-30b-a3b`, a mixture of experts, skips HF `generate`).
+another shape of bench/shapes.py: `--shape qwen3-30b-a3b`, a mixture of experts, skips HF `generate`).
 
 Also measures how much invariance each mode really has: requests re-run alone vs inside the full load.
 `--quantization none,fp8` runs the same workload on the bf16 model and on its FP8 twin (`--quantization fp8` at load,
 models/quantization.py) side by side; FP8 runs are reported as "fp8 MODE/POLICY". Writes e2e.json and e2e.png to --out. The workload, its timing, the re-runs and the roofline are `samebits bench`'s
-(samebits/diagnostics/bench/); what is here is the H200 run's extras: the policies and async scheduling off side by
+(samebits/bench/); what is here is the H200 run's extras: the policies and async scheduling off side by
 side, batch-1 decode, the weights floor and HF `generate`.
 """
 from __future__ import annotations
@@ -17,16 +17,16 @@ from pathlib import Path
 
 import torch
 
+from samebits.bench.bound import weights_dtype, with_step_bound, workload_bound
+from samebits.bench.config import MAX_NUM_BATCHED_TOKENS
+from samebits.bench.invariance import picks
+from samebits.bench.load import run_load
+from samebits.bench.report import roofline_cell, step_bound_lines, steps_table
+from samebits.bench.roofline import expert_params, touched_experts
+from samebits.bench.run import engine_for, kv_tokens_for, measure, pool_tokens, release
+from samebits.bench.shapes import SHAPES, NullTokenizer, random_shape_model
+from samebits.bench.workload import workload
 from samebits.benchmarks.results import figure, write_json
-from samebits.diagnostics.bench.bound import weights_dtype, with_step_bound, workload_bound
-from samebits.diagnostics.bench.config import MAX_NUM_BATCHED_TOKENS
-from samebits.diagnostics.bench.invariance import picks
-from samebits.diagnostics.bench.load import run_load
-from samebits.diagnostics.bench.report import roofline_cell, step_bound_lines, steps_table
-from samebits.diagnostics.bench.run import engine_for, kv_tokens_for, measure, pool_tokens, release
-from samebits.diagnostics.bench.shapes import SHAPES, NullTokenizer, random_shape_model
-from samebits.diagnostics.bench.workload import workload
-from samebits.diagnostics.roofline import expert_params, touched_experts
 from samebits.engine.sampling_params import SamplingParams
 from samebits.runtime import deterministic_runtime
 
@@ -100,7 +100,7 @@ QUANTIZATIONS = ("none", "fp8", "fp8_per_tensor")
 
 def weights_floor_ms(loaded, rows: int = 1) -> float:
     """A decode step of `rows` sequences reading every weight it needs once: all of a dense model's, and of a mixture
-    only the experts `rows` tokens route to (diagnostics/roofline.py touched_experts)."""
+    only the experts `rows` tokens route to (bench/roofline.py touched_experts)."""
     nbytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     cfg = loaded.config
     if cfg.moe is not None:

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
+from samebits.bench.run import engine_for
+from samebits.bench.shapes import random_shape_model
 from samebits.benchmarks import e2e, steps
 from samebits.benchmarks.results import figure, write_json
-from samebits.diagnostics.bench.run import engine_for
-from samebits.diagnostics.bench.shapes import random_shape_model
 from samebits.engine.sampling_params import SamplingParams
 from samebits.runtime import deterministic_runtime
 

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     from samebits.engine.llm_engine import LLMEngine
     from samebits.fleet import cluster
     from samebits.fleet.engine import FleetEngine
-    from samebits.models.testing import write_tiny_checkpoint
+    from samebits.models.synthetic import write_tiny_checkpoint
     from samebits.runtime import runtime_for
 
     args = parse_args(argv)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from samebits.diagnostics.bench.report import save_runs
+from samebits.bench.report import save_runs
 from samebits.engine.sampler import SamplerOutput
 
 # Phases in step order; "detokenize" is part of "process", "other" is the step's time outside every phase, "gc" the
@@ -117,7 +117,7 @@ def build_engine(args, batch: int, inputs: str, tokenizer, stream: list[int], cl
     from samebits.engine.config import EngineConfig
     from samebits.engine.llm_engine import LLMEngine
     from samebits.models.loader import LoadedModel
-    from samebits.models.testing import random_loaded
+    from samebits.models.synthetic import random_loaded
 
     max_model_len = args.prompt_len + max_tokens(args) + 16
     tiny = random_loaded({"vocab_size": VOCAB, "max_position_embeddings": max_model_len}, "host-step", "fast", "cpu")

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
+from samebits.bench.shapes import random_shape_model
+from samebits.bench.steplog import StepLog
 from samebits.benchmarks import e2e, steps
 from samebits.benchmarks.results import figure, write_json
-from samebits.diagnostics.bench.shapes import random_shape_model
-from samebits.diagnostics.bench.steplog import StepLog
 from samebits.engine.sampling_params import SamplingParams
 from samebits.runtime import deterministic_runtime
 

@@ -1,12 +1,12 @@
 """What every benchmark leaves under its --out folder: the JSON report, written by the one writer of samebits'
-reports (diagnostics/jsonfile.py), and the PNG, drawn off-screen with one set of figure settings."""
+reports (jsonfile.py), and the PNG, drawn off-screen with one set of figure settings."""
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from samebits.diagnostics.jsonfile import write_json
+from samebits.jsonfile import write_json
 
 __all__ = ["figure", "write_json"]
 

@@ -28,8 +28,8 @@ from types import SimpleNamespace
 
 import torch
 
+from samebits.bench.shapes import SHAPES, NullTokenizer
 from samebits.benchmarks.results import figure, write_json
-from samebits.diagnostics.bench.shapes import SHAPES, NullTokenizer
 from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams
@@ -37,7 +37,7 @@ from samebits.kernels import get_ops
 from samebits.models.config import ModelConfig
 from samebits.models.llama import LlamaModel
 from samebits.models.loader import LoadedModel
-from samebits.models.testing import hf_parameters_to, random_model
+from samebits.models.synthetic import hf_parameters_to, random_model
 from samebits.rl.policy import Policy
 from samebits.rl.rollout import engine_logprobs
 from samebits.runtime import deterministic_runtime

@@ -14,7 +14,7 @@ largest and the median over tensors), plus the forward's error (the completion t
 - the fused policy built as benchmarks/rl.py builds it (random_model on deterministic ops, not copied from the
   transformers module): equal to the fused row unless that benchmark's two models differ;
 - the fused backward in fp32 (the device's kernels on fp32 weights): ~1e-5 unless a kernel's math is off at the shape;
-- transformers cast by `Module.to(bf16)`, which rounds RoPE's inv_freq buffer (models/testing.py hf_parameters_to).
+- transformers cast by `Module.to(bf16)`, which rounds RoPE's inv_freq buffer (models/synthetic.py hf_parameters_to).
 Then the same rows against the reference benchmarks/rl.py used to build (`Module.to(bf16).float()`: fp32 weights, RoPE
 frequencies rounded to bf16), which put samebits at ~3x transformers' bf16 error: against it samebits is off by the
 model's difference, transformers' `.to(bf16)` model is not.
@@ -35,13 +35,13 @@ from types import SimpleNamespace
 
 import torch
 
+from samebits.bench.shapes import SHAPES
 from samebits.benchmarks import rl as bench
-from samebits.diagnostics.bench.shapes import SHAPES
 from samebits.kernels import get_ops
 from samebits.kernels import grads as torch_forms
 from samebits.kernels.grads import GRADS, get_grads
 from samebits.models.config import ModelConfig
-from samebits.models.testing import hf_parameters_to, random_model
+from samebits.models.synthetic import hf_parameters_to, random_model
 from samebits.rl.policy import Policy
 from samebits.runtime import deterministic_runtime
 

@@ -1,7 +1,7 @@
 """Serve random weights of a benchmark shape over HTTP until interrupted, for `samebits check` on the GPU:
 
     python -m samebits.benchmarks.serve_random --random-shape 8b --mode deterministic --port 8000
-    python -m samebits.diagnostics.check http://127.0.0.1:8000 --model bench --json r.json --html r.html
+    python -m samebits.check http://127.0.0.1:8000 --model bench --json r.json --html r.html
 
 The model is built as server.py builds it (random N(0, 0.02) weights, the tiny test tokenizer), since an
 8B checkpoint is too large to write for a test; the server is `samebits serve`'s app on uvicorn.

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import httpx
 
+from samebits.bench.report import args_json
 from samebits.benchmarks.results import figure, write_json
-from samebits.diagnostics.bench.report import args_json
 from samebits.server.config import ServerConfig
 
 SERVED_NAME = "bench"
@@ -101,7 +101,7 @@ def engine_config(args):
 def loaded_factory(shape: str, mode: str, device: str | None, dtype: str | None):
     """A picklable factory of a LoadedModel with random weights of `shape` and the tiny test tokenizer (prompts are
     token ids anyway); an engine process calls it to build its model."""
-    from samebits.models.testing import random_loaded as random_of
+    from samebits.models.synthetic import random_loaded as random_of
 
     return functools.partial(random_of, SHAPES[shape], f"random-{shape}", mode, device, dtype)
 

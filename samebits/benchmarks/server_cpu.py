@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from samebits.diagnostics.bench.report import save_runs
+from samebits.bench.report import save_runs
 from samebits.engine.outputs import CompletionOutput, EngineInfo, EngineStats, RequestOutput, StepProgress
 from samebits.engine.sampling_params import RequestOutputKind
 from samebits.engine.seeds import SeedStream
@@ -58,7 +58,7 @@ def replay_logprob(token: int, position: int) -> float:
 
 
 def tiny_tokenizer():
-    from samebits.models.testing import write_tiny_checkpoint
+    from samebits.models.synthetic import write_tiny_checkpoint
     from samebits.models.tokenizer import Tokenizer
 
     return Tokenizer.from_hf_dir(write_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="samebits-tok-"))))

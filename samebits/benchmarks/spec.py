@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
+from samebits.bench.run import release
+from samebits.bench.shapes import SHAPES, random_shape_model
 from samebits.benchmarks import e2e
 from samebits.benchmarks.results import figure, write_json
-from samebits.diagnostics.bench.run import release
-from samebits.diagnostics.bench.shapes import SHAPES, random_shape_model
 from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import RequestOutputKind, SamplingParams

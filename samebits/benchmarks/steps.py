@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
+from samebits.bench.shapes import random_shape_model
 from samebits.benchmarks import e2e
 from samebits.benchmarks.results import figure, write_json
-from samebits.diagnostics.bench.shapes import random_shape_model
 from samebits.engine.sampling_params import SamplingParams
 from samebits.runtime import deterministic_runtime
 

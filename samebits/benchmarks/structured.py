@@ -1,7 +1,7 @@
 """Structured outputs under load (GPU): N concurrent requests, every one with a JSON schema, against the same load
 unconstrained; and where the grammar's time goes per step (the masks filled on the host, the mask applied).
 
-An 8B-shaped random model (diagnostics/bench/shapes.py) has no tokenizer, so it gets a synthetic byte-level
+An 8B-shaped random model (bench/shapes.py) has no tokenizer, so it gets a synthetic byte-level
 vocabulary of its own size: pseudo-words, numbers and JSON punctuation (llguidance's mask time on a synthetic
 49152-token vocabulary was within 5% of SmolLM2's real one on the CPU, docs/STRUCTURED.md). The constrained run goes
 first; the unconstrained run then generates exactly as many tokens per request (max_tokens = the constrained output's
@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+from samebits.bench.shapes import random_shape_model
 from samebits.benchmarks import e2e
 from samebits.benchmarks.results import figure, write_json
-from samebits.diagnostics.bench.shapes import random_shape_model
 from samebits.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from samebits.runtime import deterministic_runtime
 from samebits.structured.masks import GrammarRows

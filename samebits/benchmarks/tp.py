@@ -34,7 +34,7 @@ from samebits.engine.sampling_params import SamplingParams
 from samebits.kernels import get_ops
 from samebits.models.config import ModelConfig
 from samebits.models.loader import LoadedModel
-from samebits.models.testing import random_model
+from samebits.models.synthetic import random_model
 from samebits.runtime import deterministic_runtime
 
 # Heads, KV heads and intermediate units divisible by 8 (TP_MAX), as TP-invariant mode needs.

@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from samebits.bench.config import BenchConfig
 from samebits.cli.options import CONTEXT, GroupedHelpCommand, field_flags, flag, positional, with_flags
-from samebits.diagnostics.bench.config import BenchConfig
-from samebits.diagnostics.lint.command import lint_command
 from samebits.engine.config import BLOCK_SIZES, OTHER_BLOCK_SIZE
+from samebits.lint.command import lint_command
 from samebits.modes import check_mode
 from samebits.server.config import ServerConfig
 
@@ -236,7 +236,7 @@ def probe(
     only: str | None = typer.Option(None, help="Comma-separated probe names."),
 ):
     """Reproduce the problem: seed §1-2's experiments (docs/BACKGROUND.md), vendor vs samebits."""
-    from samebits.diagnostics.cli import probe_command
+    from samebits.probe.cli import probe_command
 
     probe_command(device=device, full=full, json_path=json_path, plot_path=plot_path, only=only, fail=fail)
 
@@ -244,7 +244,7 @@ def probe(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
 def check(ctx: typer.Context):
     """Is an OpenAI-compatible endpoint batch-invariant? Exit 0 clean, 1 variant, 2 could not test (--help: flags)."""
-    from samebits.diagnostics.check.__main__ import main as check_main
+    from samebits.check.__main__ import main as check_main
 
     raise typer.Exit(check_main(ctx.args))
 
@@ -356,7 +356,7 @@ BENCH_FLAGS = field_flags(BenchConfig(), BENCH_HELP) + [
 @with_flags(BENCH_FLAGS)
 def bench(values: dict):
     """Throughput, TTFT, ITL and achieved/roofline of a workload in each mode; requests re-run alone, bit for bit."""
-    from samebits.diagnostics.bench.command import bench_command
+    from samebits.bench.command import bench_command
 
     json_path = values.pop("json_path")
     bench_command(values, json_path, fail)

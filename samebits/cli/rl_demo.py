@@ -39,7 +39,7 @@ def word_reward(tokenizer):
 
 def run_demo(steps: int, prompts: int, group: int, max_tokens: int, lr: float, seed: int, console: Console) -> dict:
     from samebits.engine.llm import LLM
-    from samebits.models.testing import write_tiny_checkpoint
+    from samebits.models.synthetic import write_tiny_checkpoint
     from samebits.rl.grpo import GRPO
     from samebits.rl.monitor import ParityMonitor
     from samebits.rl.policy import Policy

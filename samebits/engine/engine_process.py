@@ -88,7 +88,7 @@ class ProcessAsyncEngine(AsyncEngine):
                  idle_poll_s: float = 0.5, max_waiting_tokens: int | None = None,
                  start_timeout_s: float = START_TIMEOUT_S, make_engine: Callable[..., Any] | None = None):
         """Start the child and wait for its engine. `loaded`: a picklable factory of the LoadedModel (e.g.
-        functools.partial(models.testing.random_loaded, ...)); None loads `config.model` as LLMEngine does.
+        functools.partial(models.synthetic.random_loaded, ...)); None loads `config.model` as LLMEngine does.
         `make_engine(config, loaded=...)`: a picklable stand-in for LLMEngine (benchmarks/server_cpu.py replays
         outputs with one, so the server's own CPU is measured without a model)."""
         if config.tensor_parallel_size > 1:  # the child is daemonic (it dies with the server): it cannot spawn ranks

@@ -6,7 +6,7 @@
     kernels/vendor.py    fast mode: torch ops
 
 The functions below are the deterministic ops of a tensor's device, for callers that hold no ops table (drop-in mode,
-tests, diagnostics). Unsupported dtype/device raises UnsupportedOpError naming op, dtype, device and shape.
+tests, probes). Unsupported dtype/device raises UnsupportedOpError naming op, dtype, device and shape.
 """
 from __future__ import annotations
 

@@ -154,7 +154,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     scale: float, deterministic: bool = True) -> torch.Tensor:
     """q [T, Hq, D] -> [T, Hq, D] in q.dtype; caches [NB, BS, Hkv, D] already hold the new tokens' K/V.
 
-    The `attention` op of get_ops(mode, q.device), for callers that hold no ops table (tests, diagnostics)."""
+    The `attention` op of get_ops(mode, q.device), for callers that hold no ops table (tests, probes)."""
     from samebits.kernels.ops import get_ops
 
     mode = "deterministic" if deterministic else "fast"

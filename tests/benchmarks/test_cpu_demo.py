@@ -2,8 +2,8 @@
 import pytest
 import torch
 
+from samebits.bench.shapes import random_shape_model
 from samebits.benchmarks.cpu_demo import _ratios, hf_model
-from samebits.diagnostics.bench.shapes import random_shape_model
 from samebits.engine.weights import plan
 
 

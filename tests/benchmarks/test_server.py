@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from samebits.benchmarks import server, server_cpu
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 
 
 def test_server_benchmark_smoke(tmp_path):

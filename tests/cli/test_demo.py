@@ -3,7 +3,7 @@ from typer.testing import CliRunner
 
 from samebits.cli import app
 from samebits.cli.demo import _busy_batch, _cell
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 
 
 def test_generate_prints_text_seed_and_finish(tmp_path):

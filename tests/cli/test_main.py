@@ -98,7 +98,7 @@ def test_serve_bad_speculative_config_is_one_line_error(served, value, says):
 
 
 def test_tokenizer_export_writes_an_hf_folder_or_one_line_error(tmp_path):
-    from samebits.models.testing import write_tiny_checkpoint
+    from samebits.models.synthetic import write_tiny_checkpoint
     from samebits.models.tokenizer import Tokenizer
 
     model = write_tiny_checkpoint(tmp_path / "ckpt", "llama3")

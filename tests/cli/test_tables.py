@@ -7,13 +7,13 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
+from samebits.bench.report import lines as bench_lines
+from samebits.bench.report import mode_table, steps_table
+from samebits.check.report import table as check_table
 from samebits.cli.demo import QUESTIONS, ModeResult, _table
 from samebits.cli.main import cut_table, drift_table, field_table, models_table
 from samebits.cli.rl_demo import HEADER, _line
-from samebits.diagnostics.bench.report import lines as bench_lines
-from samebits.diagnostics.bench.report import mode_table, steps_table
-from samebits.diagnostics.check.report import table as check_table
-from samebits.diagnostics.report import table as probe_table
+from samebits.probe.report import table as probe_table
 
 LONG = "Intel(R) oneAPI Math Kernel Library Version 2024.2-Product Build 20240605 for Intel(R) 64 architecture"
 

@@ -7,7 +7,7 @@ import random
 import torch
 
 from samebits.engine.llm import LLM
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 
 # Heads, KV heads and intermediate units divisible by TP_MAX=8 (TP-invariant mode cuts them in 8); GQA (2 heads per
 # KV head); qkv biases (qwen2); a vocabulary of 1001, not a multiple of 8, so the head's zero padding is exercised.

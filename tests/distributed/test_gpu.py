@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from samebits.engine.sampling_params import SamplingParams
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 from tests.distributed.helpers import engine, prompts, run
 
 pytestmark = pytest.mark.gpu

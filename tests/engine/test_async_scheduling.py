@@ -8,7 +8,7 @@ from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.model_runner import ModelRunner
 from samebits.engine.sampling_params import SamplingParams
 from samebits.models import load_model
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 from tests.engine.drive import drive
 
 

@@ -9,7 +9,7 @@ import torch
 from samebits.engine.cuda_graphs import DecodeGraphs
 from samebits.engine.llm import LLM
 from samebits.engine.sampling_params import SamplingParams
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 
 SHAPE = {"hidden_size": 256, "intermediate_size": 512, "vocab_size": 1024, "num_attention_heads": 4,
          "num_key_value_heads": 2}

@@ -4,7 +4,7 @@ import pytest
 
 from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 from samebits.runtime import deterministic_runtime, fingerprint
 from samebits.runtime.fingerprint import UNHASHED
 

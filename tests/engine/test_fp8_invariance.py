@@ -11,8 +11,8 @@ import torch
 
 from samebits.engine.llm import LLM
 from samebits.engine.sampling_params import SamplingParams
-from samebits.models.testing import write_tiny_checkpoint
-from samebits.models.testing_fp8 import write_tiny_fp8_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
+from samebits.models.synthetic_fp8 import write_tiny_fp8_checkpoint
 
 SHAPES = {
     "cpu": {"hidden_size": 256, "intermediate_size": 512, "vocab_size": 1024, "num_attention_heads": 4,

@@ -7,7 +7,7 @@ import torch
 from samebits.engine.llm import LLM
 from samebits.engine.sampling_params import SamplingParams
 from samebits.kernels import get_ops
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 from tests.kernels.helpers import batch_variant_linear
 
 # Wide enough that vendor matmuls change their blocking with M (the negative control needs that); on the GPU in

@@ -3,7 +3,7 @@ import pytest
 
 from samebits.engine.llm import LLM
 from samebits.engine.sampling_params import SamplingParams
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ def test_a_step_launches_without_a_host_sync_on_cuda(tmp_path, mode):
     read-backs (to_host, prompt_to_host) wait."""
     from samebits.engine.llm import LLM
     from samebits.engine.sampling_params import SamplingParams
-    from samebits.models.testing import write_tiny_checkpoint
+    from samebits.models.synthetic import write_tiny_checkpoint
 
     ckpt = write_tiny_checkpoint(tmp_path, "llama3", seed=3, torch_dtype="bfloat16", hidden_size=256,
                                  intermediate_size=512, vocab_size=1024, num_attention_heads=4, num_key_value_heads=2)

@@ -10,7 +10,7 @@ import torch
 from samebits.engine.llm import LLM
 from samebits.engine.sampling_params import SamplingParams
 from samebits.kernels import activation, get_ops, moe
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 
 VOCAB = 320
 SHAPES = {

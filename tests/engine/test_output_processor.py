@@ -137,7 +137,7 @@ def test_incremental_text_over_random_byte_level_streams(seed):
     """Random streams over a real byte-level BPE: lone bytes that split (or never complete) a UTF-8 character, merged
     words and the special tokens. Every step's text equals the windowed reference's, and the flushed final text the
     full decode. Negative control: appending each token's own decode differs (it breaks split characters)."""
-    from samebits.models.testing import build_tokenizer
+    from samebits.models.synthetic import build_tokenizer
     from samebits.models.tokenizer import Tokenizer
 
     tok = Tokenizer(build_tokenizer(), {"eos_token": "<|im_end|>"})

@@ -9,7 +9,7 @@ from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams
 from samebits.models import load_model
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 from tests.engine.drive import drive
 
 # Wide enough that the fast mode's vendor matmuls block a 1-row decode differently from a prefill (the control).

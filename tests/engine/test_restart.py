@@ -3,7 +3,7 @@ import json
 import subprocess
 import sys
 
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 
 SCRIPT = """
 import json, sys, torch

@@ -10,7 +10,7 @@ from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.outputs import Resume
 from samebits.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 
 PROMPT = [5, 17, 29, 3, 41, 7, 11, 13, 2, 19, 23, 31, 37, 43, 47, 53, 59]
 

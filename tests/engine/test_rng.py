@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits
 from samebits.engine import rng
+from samebits.probe.compare import assert_same_bits
 
 M32 = 0xFFFFFFFF
 

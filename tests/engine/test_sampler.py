@@ -4,10 +4,10 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.engine import sampler as S
 from samebits.engine.sampling_params import SamplingParams
 from samebits.kernels import get_ops
+from samebits.probe.compare import assert_same_bits, mismatch
 
 OPS = get_ops("deterministic", "cpu")
 VOCAB = 640

@@ -6,7 +6,7 @@ import torch
 from samebits.engine.llm import LLM
 from samebits.engine.sampling_params import SamplingParams
 from samebits.engine.weights import EngineBusy, WeightsError, plan
-from samebits.models.testing import random_weights, write_tiny_checkpoint
+from samebits.models.synthetic import random_weights, write_tiny_checkpoint
 from samebits.rl.policy import Policy
 from samebits.rl.rollout import completions_of
 from samebits.runtime import deterministic_runtime

@@ -22,7 +22,7 @@ import torch
 from samebits.engine.config import EngineConfig
 from samebits.fleet import cluster
 from samebits.fleet.identity import IdentityError, check_identity
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 
 KEY = "fleet-test-key"
 REPLICAS = 2

@@ -83,7 +83,7 @@ def attention_check() -> str:
 def engine_check() -> str:
     from samebits.engine.llm import LLM
     from samebits.engine.sampling_params import SamplingParams
-    from samebits.models.testing import write_tiny_checkpoint
+    from samebits.models.synthetic import write_tiny_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_tiny_checkpoint(tmp, "llama3", seed=1, hidden_size=256, intermediate_size=512, vocab_size=1024,

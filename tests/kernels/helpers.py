@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits, mismatch
+from samebits.probe.compare import assert_same_bits, mismatch
 
 BATCH_SIZES = list(range(1, 18)) + [31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 511, 512, 1024]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

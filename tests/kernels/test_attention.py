@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.kernels.attention import (
     AttentionMetadata,
     AttentionUnsupported,
@@ -22,6 +21,7 @@ from samebits.kernels.attention import (
 from samebits.kernels.cpu import gemm as cpu_gemm
 from samebits.kernels.cpu.attention import paged_attention_cpu
 from samebits.kernels.kv_cache import allocate_kv_cache, write_kv
+from samebits.probe.compare import assert_same_bits, mismatch
 
 
 @dataclass

@@ -4,8 +4,8 @@ deliberately variant ones and check the proof sees each kind of variance."""
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits
 from samebits.kernels.cpu import gemm, mkl
+from samebits.probe.compare import assert_same_bits
 from tests.kernels.helpers import fresh_generator, rand
 
 SHAPES = [(576, 960), (64, 128), (1536, 576), (257, 33), (33, 2)]  # (K, N): model shapes, a K tail, N < MIN_N

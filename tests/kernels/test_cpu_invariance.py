@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import samebits.kernels as K
-from samebits.diagnostics.compare import assert_same_bits
 from samebits.kernels.race import race_keys
+from samebits.probe.compare import assert_same_bits
 from tests.kernels.helpers import BATCH_SIZES, DTYPES, check_row_invariance, fresh_generator, rand, rows_that_differ
 
 H = 96

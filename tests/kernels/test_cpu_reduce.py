@@ -3,8 +3,8 @@ zero padding; the same checks catch a sum whose order follows the row's length."
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits
 from samebits.kernels.cpu.reduce import tree_sum
+from samebits.probe.compare import assert_same_bits
 from tests.kernels.helpers import check_row_invariance, fresh_generator, rand
 
 

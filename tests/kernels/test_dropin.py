@@ -4,9 +4,9 @@ import torch
 
 import samebits
 import samebits.kernels as K
-from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.kernels import UnsupportedOpError
 from samebits.kernels.dropin import active
+from samebits.probe.compare import assert_same_bits, mismatch
 from tests.kernels.helpers import fresh_generator, rand
 
 transformers = pytest.importorskip("transformers")

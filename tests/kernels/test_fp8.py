@@ -3,9 +3,9 @@ the refusal of per-tensor dynamic scales."""
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.kernels import fp8, get_ops
 from samebits.kernels.common import UnsupportedOpError
+from samebits.probe.compare import assert_same_bits, mismatch
 from tests.kernels.helpers import fresh_generator
 
 CHANNEL, BLOCK, STATIC = fp8.Fp8Recipe("channel", "token"), fp8.Fp8Recipe("block", "group", fp8.BLOCK), \

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import samebits.kernels as K
-from samebits.diagnostics.compare import assert_same_bits, mismatch
+from samebits.probe.compare import assert_same_bits, mismatch
 
 pytestmark = pytest.mark.gpu
 KDIM = 4096

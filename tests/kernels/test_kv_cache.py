@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits
 from samebits.kernels import get_ops
 from samebits.kernels.attention import AttentionMetadata
 from samebits.kernels.kv_cache import allocate_kv_cache, write_kv
 from samebits.modes import MODES
+from samebits.probe.compare import assert_same_bits
 from tests.kernels.helpers import fresh_generator, rand
 
 

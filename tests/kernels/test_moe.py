@@ -3,8 +3,8 @@ token outputs never depend on how many other tokens chose the same experts (kern
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.kernels import get_ops, moe
+from samebits.probe.compare import assert_same_bits, mismatch
 from tests.kernels.helpers import fresh_generator, rand
 
 DET, FAST = get_ops("deterministic", "cpu"), get_ops("fast", "cpu")

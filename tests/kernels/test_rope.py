@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits
 from samebits.kernels import get_ops
 from samebits.kernels.rope import apply_rope
 from samebits.models.rope_scaling import rope_cos_sin
 from samebits.modes import MODES
+from samebits.probe.compare import assert_same_bits
 from tests.kernels.helpers import fresh_generator, rand
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

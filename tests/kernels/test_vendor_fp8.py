@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import samebits.kernels as K
-from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.kernels import fp8, get_ops, vendor_gemm
 from samebits.kernels import vendor_fp8 as vf
 from samebits.kernels.configs import TILE_CONFIGS
+from samebits.probe.compare import assert_same_bits, mismatch
 
 CFG = TILE_CONFIGS["vendor_fp8"]["config"]
 CHANNEL, STATIC = fp8.Fp8Recipe("channel", "token"), fp8.Fp8Recipe("channel", "static")

@@ -4,9 +4,9 @@ import torch
 import torch.nn.functional as F
 
 import samebits.kernels as K
-from samebits.diagnostics.compare import assert_same_bits
 from samebits.kernels import vendor_gemm as vg
 from samebits.kernels.configs import TILE_CONFIGS
+from samebits.probe.compare import assert_same_bits
 from samebits.runtime.template import TEMPLATE_ENV, _env_to_apply
 
 CFG = TILE_CONFIGS["vendor_gemm"]["config"]

@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from samebits.models.config import ModelConfig, UnsupportedModelError
-from samebits.models.testing import tiny_hf_config
+from samebits.models.synthetic import tiny_hf_config
 
 
 def test_each_variant_maps_its_features():

@@ -9,8 +9,8 @@ import torch
 from samebits.kernels import fp8, get_ops
 from samebits.models import UnsupportedModelError, load_model
 from samebits.models.quantization import plan
-from samebits.models.testing import write_tiny_checkpoint, write_tiny_gguf
-from samebits.models.testing_fp8 import FORMATS, write_dequantized_checkpoint, write_tiny_fp8_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint, write_tiny_gguf
+from samebits.models.synthetic_fp8 import FORMATS, write_dequantized_checkpoint, write_tiny_fp8_checkpoint
 from samebits.runtime import fingerprint
 from tests.models.helpers import prefill_logits
 
@@ -165,7 +165,7 @@ def test_online_quantisation_gives_the_same_weights_on_cuda_and_cpu(tmp_path):
 def test_8b_shaped_fp8_model_runs_batch_invariantly():
     from samebits.models import ModelConfig
     from samebits.models.quantization import quantize_dense
-    from samebits.models.testing import random_model
+    from samebits.models.synthetic import random_model
     from tests.models.helpers import decode_logits
 
     config = ModelConfig(architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,

@@ -8,7 +8,7 @@ from gguf.quants import dequantize
 
 from samebits.models.gguf_file import read_gguf
 from samebits.models.loader_gguf import SUPPORTED_TYPES, gguf_config, gguf_name, iter_tensors, load_gguf
-from samebits.models.testing import K_QUANT_SCALES, write_tiny_gguf
+from samebits.models.synthetic import K_QUANT_SCALES, write_tiny_gguf
 from tests.models.helpers import get_test_ops
 
 K_QUANTS = sorted(K_QUANT_SCALES)

@@ -9,7 +9,7 @@ import torch
 from samebits.kernels import get_ops
 from samebits.models import ModelConfig, load_model
 from samebits.models.digest import weights_digest
-from samebits.models.testing import VARIANTS, random_model, write_tiny_checkpoint
+from samebits.models.synthetic import VARIANTS, random_model, write_tiny_checkpoint
 from tests.models.helpers import decode_logits, prefill_logits
 
 pytestmark = pytest.mark.gpu

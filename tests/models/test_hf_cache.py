@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from samebits.models.loader import resolve_path
-from samebits.models.testing import write_tiny_checkpoint, write_tiny_gguf
+from samebits.models.synthetic import write_tiny_checkpoint, write_tiny_gguf
 
 REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
 

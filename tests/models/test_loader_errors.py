@@ -13,7 +13,7 @@ from samebits.models.gguf_file import read_gguf
 from samebits.models.loader import load_model, resolve_dtype
 from samebits.models.loader_gguf import dequantize_tensor, gguf_tokenizer, load_gguf
 from samebits.models.loader_hf import load_hf_dir
-from samebits.models.testing import write_tiny_checkpoint, write_tiny_gguf
+from samebits.models.synthetic import write_tiny_checkpoint, write_tiny_gguf
 from tests.models.helpers import get_test_ops
 
 

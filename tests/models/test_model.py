@@ -4,7 +4,7 @@ import torch
 
 from samebits.kernels import get_ops
 from samebits.models import LlamaModel, load_model
-from samebits.models.testing import VARIANTS, write_tiny_checkpoint, write_tiny_gguf
+from samebits.models.synthetic import VARIANTS, write_tiny_checkpoint, write_tiny_gguf
 from tests.models.helpers import decode_logits, greedy, prefill_logits
 
 PROMPTS = ["What is the capital of France?", "the cat sat on the mat " * 6, "hello", "Paris is the capital"]

@@ -8,7 +8,7 @@ from samebits.distributed import shard as sh
 from samebits.kernels import get_ops
 from samebits.models.config import ModelConfig, UnsupportedModelError
 from samebits.models.loader_hf import load_hf_dir
-from samebits.models.testing import tiny_hf_config
+from samebits.models.synthetic import tiny_hf_config
 from tests.models.helpers import greedy, prefill_logits
 from tests.models.test_tiny_vs_transformers import PROMPTS, _assert_close, _reference_logits, _transformers_checkpoint
 
@@ -89,7 +89,7 @@ def test_gguf_experts_load_as_the_folder_does(tmp_path, variant):
     """F32 GGUF (stacked ffn_*_exps, Mixtral's Q/K permuted as llama.cpp writes it) vs the HF folder of the same
     weights: the same config and the same logits, bit for bit."""
     from samebits.models.loader_gguf import load_gguf
-    from samebits.models.testing import write_tiny_checkpoint, write_tiny_gguf
+    from samebits.models.synthetic import write_tiny_checkpoint, write_tiny_gguf
 
     kw = {"mlp_only_layers": []} if variant == "qwen2_moe" else {}  # llama.cpp's qwen2moe has no dense layers
     ops = get_ops("deterministic", "cpu")
@@ -105,7 +105,7 @@ def test_gguf_experts_load_as_the_folder_does(tmp_path, variant):
 def test_qwen3moe_gguf_matches_transformers_gguf(tmp_path):
     # transformers' GGUF mapping reads neither expert_feed_forward_length nor a head_dim but its defaults' (768, 128).
     from samebits.models.loader_gguf import load_gguf
-    from samebits.models.testing import write_tiny_gguf
+    from samebits.models.synthetic import write_tiny_gguf
 
     path = write_tiny_gguf(tmp_path / "q.gguf", "qwen3_moe", 1, "Q8_0", head_dim=128, moe_intermediate_size=768)
     ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).eval()
@@ -115,7 +115,7 @@ def test_qwen3moe_gguf_matches_transformers_gguf(tmp_path):
 
 
 def test_fp8_of_a_mixture_is_refused_by_name(tmp_path):
-    from samebits.models.testing import write_tiny_checkpoint
+    from samebits.models.synthetic import write_tiny_checkpoint
 
     path = write_tiny_checkpoint(tmp_path, "qwen3_moe")
     with pytest.raises(UnsupportedModelError, match="FP8 .* mixture of experts"):

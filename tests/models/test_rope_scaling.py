@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits
 from samebits.models.rope_scaling import rope_cos_sin, scaled_inv_freq
+from samebits.probe.compare import assert_same_bits
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 8192}

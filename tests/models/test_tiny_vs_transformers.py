@@ -8,7 +8,7 @@ import torch
 
 from samebits.models.loader_gguf import load_gguf
 from samebits.models.loader_hf import load_hf_dir
-from samebits.models.testing import tiny_hf_config, write_tiny_checkpoint, write_tiny_gguf, write_tokenizer_files
+from samebits.models.synthetic import tiny_hf_config, write_tiny_checkpoint, write_tiny_gguf, write_tokenizer_files
 from tests.models.helpers import get_test_ops, prefill_logits
 
 transformers = pytest.importorskip("transformers")

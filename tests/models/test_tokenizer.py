@@ -5,7 +5,7 @@ import sys
 import jinja2
 import pytest
 
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 from samebits.models.tokenizer import Tokenizer
 
 TEMPLATES = {
@@ -77,7 +77,7 @@ def test_export_loads_in_transformers_with_the_same_ids_text_and_template(tmp_pa
     transformers' AutoTokenizer encodes, decodes and renders the chat template as the served tokenizer does."""
     transformers = pytest.importorskip("transformers")
     from samebits.models.loader import load_tokenizer
-    from samebits.models.testing import write_tiny_gguf
+    from samebits.models.synthetic import write_tiny_gguf
 
     source = (write_tiny_checkpoint(tmp_path / "ckpt", "smollm2") if kind == "hf"
               else write_tiny_gguf(tmp_path / "tiny.gguf", "smollm2"))

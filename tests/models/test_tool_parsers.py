@@ -5,7 +5,7 @@ import json
 import llguidance
 import pytest
 
-from samebits.models.testing import build_tokenizer
+from samebits.models.synthetic import build_tokenizer
 from samebits.models.tool_parsers import PARSERS, parser_for
 
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {

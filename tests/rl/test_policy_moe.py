@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from samebits.engine.llm import LLM
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 from samebits.rl.policy import Policy
 from samebits.rl.rollout import completions_of
 from tests.rl.conftest import ENGINE, SAMPLED, random_prompts

@@ -9,7 +9,7 @@ import torch
 
 from samebits.kernels.triton import grads as triton_grads
 from samebits.kernels.triton.attention_bwd_atomic_demo import attention_bwd_atomic_dq
-from samebits.models.testing import tiny_hf_config
+from samebits.models.synthetic import tiny_hf_config
 from samebits.rl.policy import Policy
 from samebits.runtime import deterministic_runtime
 from tests.rl.test_train_ops import VARIANTS, assert_bf16_error_within_transformers, assert_gradients_match_transformers

@@ -8,7 +8,7 @@ import torch
 from samebits.engine.sampling_params import SamplingParams
 from samebits.kernels import get_ops
 from samebits.models.llama import LlamaModel
-from samebits.models.testing import hf_parameters_to, tiny_hf_config
+from samebits.models.synthetic import hf_parameters_to, tiny_hf_config
 from samebits.rl import policy as policy_module
 from samebits.rl.policy import Policy
 from samebits.rl.sampling import token_logprobs

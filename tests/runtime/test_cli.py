@@ -141,7 +141,7 @@ def test_fingerprint_hash_depends_on_mode():
 
 def test_fingerprint_with_a_model_is_the_engines_system_fingerprint(tmp_path):
     from samebits.engine.llm import LLM
-    from samebits.models.testing import write_tiny_checkpoint
+    from samebits.models.synthetic import write_tiny_checkpoint
 
     path = str(write_tiny_checkpoint(tmp_path, "llama3", seed=2))
     fp = json.loads(run("fingerprint", "--json", "--model", path, "--device", "cpu").output)

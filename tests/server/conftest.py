@@ -70,7 +70,7 @@ def make_engine(model_dir, device: str = "cpu"):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from samebits.models.testing import write_tiny_checkpoint
+    from samebits.models.synthetic import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"), variant="llama3", seed=0)
 

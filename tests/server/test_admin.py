@@ -7,7 +7,7 @@ import torch
 
 from samebits.engine.llm import LLM
 from samebits.engine.sampling_params import SamplingParams
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 from samebits.rl.policy import Policy
 from samebits.runtime import deterministic_runtime
 from tests.server.conftest import MODEL_NAME, make_engine, start_server

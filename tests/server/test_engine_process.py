@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from samebits.engine.config import EngineConfig
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 from tests.server.conftest import MODEL_NAME, LiveServer
 
 KEY = "k"

@@ -6,7 +6,7 @@ import torch
 
 from samebits.engine.sampling_params import SamplingParams
 from samebits.engine.sequence import Sequence, SequenceStatus
-from samebits.models.testing import build_tokenizer
+from samebits.models.synthetic import build_tokenizer
 from samebits.models.tokenizer import Tokenizer
 from samebits.structured.grammar import COMPLETE, REJECTED, GrammarError, Grammars, closed_objects
 from samebits.structured.masks import GrammarRows, unpack

@@ -11,7 +11,7 @@ import torch
 
 from samebits.engine.llm import LLM
 from samebits.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 from tests.structured.helpers import share_masks_across_the_batch
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "age": {"type": "integer"}},

@@ -5,7 +5,7 @@ dS K, into an fp32 buffer with `tl.atomic_add`: one kernel instead of two, and d
 order the hardware finishes the programs. The deterministic kernels (attention_bwd.py) write each dQ row from one
 program in key order instead. This variant is the negative control of the trainer's run-to-run gradient test
 (tests/rl/test_train_gpu.py): the same dK and dV, dQ through the atomics. Nothing in the engine or the trainer may
-call it; the PTX audit leaves it out, as it does splitk_atomic_demo.py.
+call it; the PTX audit leaves it out, as it does kernels/demos/splitk_atomic.py.
 
 REVERSED runs the key blocks' programs in the opposite launch order: the Triton interpreter runs programs one after
 another in grid order, so on the CPU the atomics always land in one order, and reversing the grid stands in for the

@@ -10,7 +10,7 @@ from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams
 from samebits.models import load_model
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 from tests.engine.drive import drive
 from tests.engine.spec_decode.test_invariance import bits
 

@@ -10,7 +10,7 @@ from samebits.engine.sampling_params import SamplingParams
 from samebits.engine.sequence import Sequence
 from samebits.engine.spec_decode.draft_model import DraftModelDrafter, check_vocabulary, load_draft
 from samebits.models import load_model
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 
 SMALL = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1}
 

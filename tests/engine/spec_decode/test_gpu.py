@@ -4,13 +4,13 @@ import random
 
 import pytest
 
-from samebits.diagnostics.compare import assert_same_bits
 from samebits.engine.config import EngineConfig
 from samebits.engine.llm import LLM
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams
-from samebits.models.testing import write_tiny_checkpoint
-from samebits.models.testing_fp8 import write_tiny_fp8_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
+from samebits.models.synthetic_fp8 import write_tiny_fp8_checkpoint
+from samebits.probe.compare import assert_same_bits
 from tests.engine.spec_decode.test_invariance import COOL, GREEDY, bits, constrained, ngram, prompts
 
 pytestmark = pytest.mark.gpu

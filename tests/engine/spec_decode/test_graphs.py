@@ -4,12 +4,12 @@ On CUDA the graphs themselves run in test_gpu.py."""
 import collections
 import random
 
-from samebits.diagnostics.compare import assert_same_bits
 from samebits.engine.config import EngineConfig
 from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams
 from samebits.engine.spec_decode.graphs import VerifyGraphs
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
+from samebits.probe.compare import assert_same_bits
 
 
 def test_padded_rows_give_the_eager_steps_bits(tmp_path):

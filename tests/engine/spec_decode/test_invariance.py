@@ -18,7 +18,7 @@ from samebits.engine.outputs import Resume
 from samebits.engine.sampler import SamplerOutput, token_ranks, top_k_logprobs
 from samebits.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from samebits.engine.spec_decode import drafters, speculator
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 
 SHAPE = {"hidden_size": 256, "intermediate_size": 512, "vocab_size": 1024, "num_attention_heads": 4,
          "num_key_value_heads": 2}

@@ -5,7 +5,7 @@ from samebits.engine.llm_engine import LLMEngine
 from samebits.engine.sampling_params import SamplingParams
 from samebits.engine.sequence import Sequence
 from samebits.engine.spec_decode.speculator import MAX_BACKOFF, Speculator
-from samebits.models.testing import write_tiny_checkpoint
+from samebits.models.synthetic import write_tiny_checkpoint
 
 DECODING = [Sequence("r", [1, 2, 3], num_computed_tokens=2)]
 

@@ -9,8 +9,8 @@ import itertools
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.kernels import grads as torch_grads
+from samebits.probe.compare import assert_same_bits, mismatch
 from tests.kernels.helpers import fresh_generator
 
 pytestmark = pytest.mark.interpreter

@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.kernels import grads as torch_grads
 from samebits.kernels.triton.attention_bwd_atomic_demo import attention_bwd_atomic_dq
+from samebits.probe.compare import assert_same_bits, mismatch
 from tests.kernels.helpers import fresh_generator
 from tests.kernels.triton.test_attention_bwd import make_seqs, packed
 

@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits, mismatch
+from samebits.probe.compare import assert_same_bits, mismatch
 from tests.kernels.test_attention import full_prefill, make_world, run
 
 pytestmark = pytest.mark.gpu

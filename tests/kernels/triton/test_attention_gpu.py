@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.kernels.attention import paged_attention, paged_attention_reference
+from samebits.probe.compare import assert_same_bits, mismatch
 from tests.kernels.test_attention import full_prefill, make_world, random_cuts, run
 
 pytestmark = pytest.mark.gpu

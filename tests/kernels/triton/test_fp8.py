@@ -4,8 +4,8 @@ whether the GEMM quantised it itself."""
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.kernels import fp8
+from samebits.probe.compare import assert_same_bits, mismatch
 from tests.kernels.helpers import fresh_generator
 
 pytestmark = pytest.mark.interpreter

@@ -3,9 +3,9 @@ of the table (and the fused decode form) gives a row the same bits, M = 1..8192,
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.kernels import fp8
 from samebits.kernels.configs import TILE_CONFIGS
+from samebits.probe.compare import assert_same_bits, mismatch
 
 pytestmark = pytest.mark.gpu
 CHANNEL, BLOCK, STATIC = fp8.Fp8Recipe("channel", "token"), fp8.Fp8Recipe("block", "group", fp8.BLOCK), \

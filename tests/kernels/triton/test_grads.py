@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.kernels import grads as torch_grads
 from samebits.kernels.grads import GRADS, get_grads
+from samebits.probe.compare import assert_same_bits, mismatch
 from tests.kernels.helpers import fresh_generator
 
 triton_grads = pytest.importorskip("samebits.kernels.triton.grads")

@@ -4,7 +4,7 @@ import importlib
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits, mismatch
+from samebits.probe.compare import assert_same_bits, mismatch
 from tests.kernels.helpers import REL_TOL, assert_close_to_ref, fresh_generator, rand
 
 pytestmark = pytest.mark.interpreter

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits
 from samebits.kernels.kv_cache import write_kv
+from samebits.probe.compare import assert_same_bits
 from tests.kernels.helpers import fresh_generator, rand
 
 pytestmark = pytest.mark.interpreter

@@ -3,8 +3,8 @@ CUDA exists. The H200's own bits and speeds are tests/kernels/triton/test_moe_gp
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits, mismatch
 from samebits.kernels import moe
+from samebits.probe.compare import assert_same_bits, mismatch
 from tests.kernels.helpers import fresh_generator, rand
 
 pytestmark = pytest.mark.interpreter

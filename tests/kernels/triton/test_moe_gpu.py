@@ -4,9 +4,9 @@ bits whatever its experts' loads and the batch size, the same bits replayed from
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits
 from samebits.kernels import moe
 from samebits.kernels.configs import TILE_CONFIGS
+from samebits.probe.compare import assert_same_bits
 
 pytestmark = pytest.mark.gpu
 SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8), "mixtral-8x7b": (8, 4096, 14336, 2)}  # E, H, I, k

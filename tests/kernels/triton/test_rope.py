@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from samebits.diagnostics.compare import assert_same_bits
 from samebits.kernels.rope import apply_rope
 from samebits.models.rope_scaling import rope_cos_sin
+from samebits.probe.compare import assert_same_bits
 from tests.kernels.helpers import fresh_generator, rand
 
 pytestmark = pytest.mark.interpreter

@@ -1,1 +1,0 @@
-"""samebits.diagnostics."""

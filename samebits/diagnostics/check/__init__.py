@@ -1,5 +1,0 @@
-"""`samebits check URL`: a black-box determinism check of any OpenAI-compatible endpoint (completions and chat)."""
-from samebits.diagnostics.check.config import EXPERIMENTS, CheckConfig
-from samebits.diagnostics.check.runner import run
-
-__all__ = ["EXPERIMENTS", "CheckConfig", "run"]

@@ -1,5 +1,0 @@
-import sys
-
-from samebits.diagnostics.lint.cli import main
-
-sys.exit(main())

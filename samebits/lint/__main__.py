@@ -1,0 +1,5 @@
+import sys
+
+from samebits.lint.cli import main
+
+sys.exit(main())
