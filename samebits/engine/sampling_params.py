@@ -89,8 +89,8 @@ class SamplingParams:
         self._check_structured()
         kind = self.output_kind
         require(isinstance(kind, RequestOutputKind) and kind is not RequestOutputKind.DELTA, "output_kind",
-                 f"output_kind must be RequestOutputKind.CUMULATIVE or FINAL_ONLY (DELTA is not implemented), "
-                 f"got {kind!r}")
+                f"output_kind must be RequestOutputKind.CUMULATIVE or FINAL_ONLY (DELTA is not implemented), "
+                f"got {kind!r}")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             value = getattr(self, name)
             require(isinstance(value, bool), name, f"{name} must be a bool, got {value!r}")
@@ -108,8 +108,8 @@ class SamplingParams:
         require(_is_int(mt) and mt >= 1, "max_tokens", f"max_tokens must be an int >= 1, got {mt!r}")
         require(_is_int(n) and n >= 1, "n", f"n must be an int >= 1, got {n!r}")
         require(self.best_of is None or self.best_of == n, "best_of",
-                 f"best_of must be None or equal n ({n}): samebits returns every sample it draws, got "
-                 f"{self.best_of!r}")
+                f"best_of must be None or equal n ({n}): samebits returns every sample it draws, got "
+                f"{self.best_of!r}")
         lp_ok = lp is None or (_is_int(lp) and 0 <= lp <= MAX_LOGPROBS)
         require(lp_ok, "logprobs", f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {lp!r}")
         check_seed(s)
@@ -126,11 +126,11 @@ class SamplingParams:
     def _check_adjustments(self) -> None:
         mt, bias, allowed = self.min_tokens, self.logit_bias, self.allowed_token_ids
         require(_is_int(mt) and 0 <= mt <= self.max_tokens, "min_tokens",
-                 f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], got {mt!r}")
+                f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], got {mt!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             require(_is_real(v) and -PENALTY_LIMIT <= v <= PENALTY_LIMIT, name,
-                     f"{name} must be in [-{PENALTY_LIMIT}, {PENALTY_LIMIT}], got {v!r}")
+                    f"{name} must be in [-{PENALTY_LIMIT}, {PENALTY_LIMIT}], got {v!r}")
         r = self.repetition_penalty
         require(_is_real(r) and math.isfinite(r) and r > 0, "repetition_penalty",
                 f"repetition_penalty must be finite and > 0, got {r!r}")
@@ -145,14 +145,14 @@ class SamplingParams:
                 f"allowed_token_ids must be None or a non-empty list of ints >= 0, got {allowed!r}")
         pl = self.prompt_logprobs
         require(pl is None or (_is_int(pl) and 0 <= pl <= MAX_LOGPROBS), "prompt_logprobs",
-                 f"prompt_logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {pl!r}")
+                f"prompt_logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {pl!r}")
 
     def _check_structured(self) -> None:
         so = self.structured_outputs
         if so is None:
             return
         require(isinstance(so, StructuredOutputsParams), "structured_outputs",
-                 f"structured_outputs must be None or a StructuredOutputsParams, got {type(so).__name__}")
+                f"structured_outputs must be None or a StructuredOutputsParams, got {type(so).__name__}")
         # Either could leave a constrained row no allowed token with a finite logit (the grammar decides the tokens).
         require(self.allowed_token_ids is None, "allowed_token_ids",
                 "allowed_token_ids cannot be combined with structured_outputs: the "

@@ -77,8 +77,8 @@ class StructuredOutputsParams:
         require(self.json_object in (None, True), "structured_outputs",
                 "structured_outputs.json_object must be true when set")
         require(len(self.source) <= MAX_CONSTRAINT_CHARS, "structured_outputs",
-                 f"structured_outputs.{self.kind} holds {len(self.source)} characters; at most "
-                 f"{MAX_CONSTRAINT_CHARS} are compiled")
+                f"structured_outputs.{self.kind} holds {len(self.source)} characters; at most "
+                f"{MAX_CONSTRAINT_CHARS} are compiled")
 
     @property
     def kind(self) -> str:
