@@ -244,7 +244,7 @@ class AsyncEngine:
         if not self.healthy:
             raise EngineDead("the engine loop has stopped") from self.error
         if request_id in self._streams:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+            raise FieldError("request_id", f"request_id {request_id!r} is already in use")
         self.check_admission(seqs, tokens)
         self.start()
         stream = self._streams[request_id] = _Stream(final_only, seqs, tokens)
