@@ -1,6 +1,8 @@
 """Dtype names, spelled once: configs hold the canonical name (torch-free), the loader turns it into a torch.dtype."""
 from __future__ import annotations
 
+from samebits.errors import FieldError
+
 # torch.dtype objects are accepted through str() ("torch.bfloat16").
 DTYPE_ALIASES = {
     "float32": "float32", "fp32": "float32", "float": "float32",
@@ -20,7 +22,8 @@ def normalize_dtype(dtype) -> str | None:
         return None
     name = str(dtype).removeprefix("torch.").lower()
     if name not in DTYPE_ALIASES:
-        raise ValueError(f"dtype must be None, {AUTO!r} or one of {sorted(set(DTYPE_ALIASES.values()))}, got {dtype!r}")
+        raise FieldError("dtype",
+                         f"dtype must be None, {AUTO!r} or one of {sorted(set(DTYPE_ALIASES.values()))}, got {dtype!r}")
     return DTYPE_ALIASES[name]
 
 
@@ -33,5 +36,5 @@ QUANTIZATIONS = ("fp8", "fp8_per_tensor")
 def check_quantization(value) -> str | None:
     """-> value (None: the checkpoint's own), or ValueError naming the field and the choices."""
     if value is not None and value not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be None or one of {QUANTIZATIONS}, got {value!r}")
+        raise FieldError("quantization", f"quantization must be None or one of {QUANTIZATIONS}, got {value!r}")
     return value

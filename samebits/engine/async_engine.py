@@ -24,6 +24,7 @@ from typing import Any
 from samebits.engine.outputs import EngineStats, StepProgress
 from samebits.engine.sampling_params import RequestOutputKind
 from samebits.engine.scheduler import QueueFull
+from samebits.errors import FieldError
 
 __all__ = ["ENGINE_COMMANDS", "AsyncEngine", "EngineDead", "QueueFull", "RequestTooLarge", "engine_command"]
 
@@ -35,7 +36,7 @@ class EngineDead(RuntimeError):
     """The engine loop thread has stopped; no request can be served."""
 
 
-class RequestTooLarge(ValueError):
+class RequestTooLarge(FieldError):
     """The request alone exceeds the waiting limits: it could never be admitted, so retrying is no use (a 400)."""
 
 
@@ -195,11 +196,12 @@ class AsyncEngine:
     def check_admission(self, seqs: int, tokens: int) -> None:
         """Raise RequestTooLarge if work of this size could never wait here, QueueFull if it cannot now."""
         if seqs > self.max_waiting:
-            raise RequestTooLarge(f"n: the request is {seqs} sequences (prompts x n); this server queues at most "
+            raise RequestTooLarge("n", f"n: the request is {seqs} sequences (prompts x n); this server queues at most "
                                   f"{self.max_waiting} (max_waiting)")
         token_limit = self.max_waiting_tokens
         if token_limit is not None and tokens > token_limit:
-            raise RequestTooLarge(f"max_tokens: the request holds {tokens} tokens (prompt + max_tokens, per "
+            raise RequestTooLarge("max_tokens",
+                                  f"max_tokens: the request holds {tokens} tokens (prompt + max_tokens, per "
                                   f"sequence); this server queues at most {token_limit} (max_waiting_tokens)")
         waiting_seqs, waiting_tokens = self.waiting_cost
         if waiting_seqs + seqs > self.max_waiting or (token_limit is not None and waiting_tokens + tokens > token_limit):
@@ -242,7 +244,7 @@ class AsyncEngine:
         if not self.healthy:
             raise EngineDead("the engine loop has stopped") from self.error
         if request_id in self._streams:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+            raise FieldError("request_id", f"request_id {request_id!r} is already in use")
         self.check_admission(seqs, tokens)
         self.start()
         stream = self._streams[request_id] = _Stream(final_only, seqs, tokens)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from samebits.dtypes import check_quantization, normalize_dtype
 from samebits.engine.seeds import check_seed
 from samebits.engine.spec_decode.config import SpeculativeConfig
+from samebits.errors import require
 from samebits.modes import TP_SIZES, check_mode
 
 POLICIES = ("dynamic", "bucketed")
@@ -28,16 +29,11 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
 def _int_at_least(name: str, value, low: int, optional: bool = False) -> None:
     if optional and value is None:
         return
     prefix = "None or " if optional else ""
-    _require(_is_int(value) and value >= low, f"{name} must be {prefix}an int >= {low}, got {value!r}")
+    require(_is_int(value) and value >= low, name, f"{name} must be {prefix}an int >= {low}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -97,20 +93,21 @@ class EngineConfig:
         self._check_speculation()
 
     def _check_choices(self) -> None:
-        _require(isinstance(self.model, str) and self.model != "", f"model must be a non-empty str, got {self.model!r}")
+        require(isinstance(self.model, str) and self.model != "", "model",
+                f"model must be a non-empty str, got {self.model!r}")
         check_mode(self.mode)
         check_quantization(self.quantization)
-        _require(self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}")
-        _require(self.tensor_parallel_size in TP_SIZES and _is_int(self.tensor_parallel_size),
-                 f"tensor_parallel_size must be one of {TP_SIZES}, got {self.tensor_parallel_size!r}")
-        _require(self.all_reduce in ALL_REDUCE_ROUTES,
-                 f"all_reduce must be one of {ALL_REDUCE_ROUTES}, got {self.all_reduce!r}")
+        require(self.policy in POLICIES, "policy", f"policy must be one of {POLICIES}, got {self.policy!r}")
+        require(self.tensor_parallel_size in TP_SIZES and _is_int(self.tensor_parallel_size), "tensor_parallel_size",
+                f"tensor_parallel_size must be one of {TP_SIZES}, got {self.tensor_parallel_size!r}")
+        require(self.all_reduce in ALL_REDUCE_ROUTES, "all_reduce",
+                f"all_reduce must be one of {ALL_REDUCE_ROUTES}, got {self.all_reduce!r}")
         backend = self.data_parallel_backend
-        _require(backend is None or backend in DATA_PARALLEL_BACKENDS,
-                 f"data_parallel_backend must be None or one of {DATA_PARALLEL_BACKENDS}, got {backend!r}")
+        require(backend is None or backend in DATA_PARALLEL_BACKENDS, "data_parallel_backend",
+                f"data_parallel_backend must be None or one of {DATA_PARALLEL_BACKENDS}, got {backend!r}")
         address = self.ray_address
-        _require(address is None or (isinstance(address, str) and address != ""),
-                 f"ray_address must be None or a non-empty str, got {address!r}")
+        require(address is None or (isinstance(address, str) and address != ""), "ray_address",
+                f"ray_address must be None or a non-empty str, got {address!r}")
         check_seed(self.seed)
 
     def _check_sizes(self) -> None:
@@ -119,55 +116,58 @@ class EngineConfig:
         _int_at_least("long_prefill_token_threshold", self.long_prefill_token_threshold, 0, optional=True)
         _int_at_least("max_num_partial_prefills", self.max_num_partial_prefills, 1)
         _int_at_least("max_long_partial_prefills", self.max_long_partial_prefills, 1)
-        _require(self.max_long_partial_prefills <= self.max_num_partial_prefills,
-                 f"max_long_partial_prefills must be <= max_num_partial_prefills={self.max_num_partial_prefills}, got "
-                 f"{self.max_long_partial_prefills}")
+        require(self.max_long_partial_prefills <= self.max_num_partial_prefills, "max_long_partial_prefills",
+                f"max_long_partial_prefills must be <= max_num_partial_prefills={self.max_num_partial_prefills}, got "
+                f"{self.max_long_partial_prefills}")
         _int_at_least("max_model_len", self.max_model_len, 2, optional=True)
         _int_at_least("max_waiting", self.max_waiting, 1, optional=True)
         _int_at_least("data_parallel_size", self.data_parallel_size, 1)
         # A replica of several ranks would need its GPUs placed as one group (docs/FLEET.md); not yet.
-        _require(self.data_parallel_size == 1 or self.tensor_parallel_size == 1,
-                 f"data_parallel_size > 1 needs tensor_parallel_size=1, got {self.tensor_parallel_size}")
+        require(self.data_parallel_size == 1 or self.tensor_parallel_size == 1, "data_parallel_size",
+                f"data_parallel_size > 1 needs tensor_parallel_size=1, got {self.tensor_parallel_size}")
         bs = self.block_size
         # Paged-attention kernels tile a block with power-of-two loads.
-        _require(bs is None or (_is_int(bs) and 1 <= bs <= 1024 and bs & (bs - 1) == 0),
-                 f"block_size must be None or a power of two in [1, 1024], got {bs!r}")
+        require(bs is None or (_is_int(bs) and 1 <= bs <= 1024 and bs & (bs - 1) == 0), "block_size",
+                f"block_size must be None or a power of two in [1, 1024], got {bs!r}")
         _int_at_least("kv_cache_tokens", self.kv_cache_tokens, bs or 1, optional=True)
         util = self.gpu_memory_utilization
-        _require(util is None or (isinstance(util, (int, float)) and not isinstance(util, bool) and 0 < util <= 1),
-                 f"gpu_memory_utilization must be None or a number in (0, 1], got {util!r}")
+        require(util is None or (isinstance(util, (int, float)) and not isinstance(util, bool) and 0 < util <= 1),
+                "gpu_memory_utilization", f"gpu_memory_utilization must be None or a number in (0, 1], got {util!r}")
         if self.policy == "bucketed":
             # Bucketed decode pads the batch up to max_num_seqs rows, and every padded row costs a budget token.
-            _require(self.max_num_batched_tokens >= self.max_num_seqs,
-                     "max_num_batched_tokens must be >= max_num_seqs under policy='bucketed', got "
-                     f"{self.max_num_batched_tokens} < {self.max_num_seqs}")
+            require(self.max_num_batched_tokens >= self.max_num_seqs, "max_num_batched_tokens",
+                    "max_num_batched_tokens must be >= max_num_seqs under policy='bucketed', got "
+                    f"{self.max_num_batched_tokens} < {self.max_num_seqs}")
 
     def _check_flags(self) -> None:
         for name in ("enable_prefix_caching", "cuda_graphs", "enforce_eager"):
             value = getattr(self, name)
-            _require(isinstance(value, bool), f"{name} must be a bool, got {value!r}")
+            require(isinstance(value, bool), name, f"{name} must be a bool, got {value!r}")
         value = self.async_scheduling
-        _require(value is None or isinstance(value, bool), f"async_scheduling must be None or a bool, got {value!r}")
+        require(value is None or isinstance(value, bool), "async_scheduling",
+                f"async_scheduling must be None or a bool, got {value!r}")
         # The tensor-parallel runner reads every input from the host (samebits/engine/tp_runner.py).
-        _require(value is not True or self.tensor_parallel_size == 1,
-                 f"async_scheduling=True needs tensor_parallel_size=1, got {self.tensor_parallel_size}")
+        require(value is not True or self.tensor_parallel_size == 1, "async_scheduling",
+                f"async_scheduling=True needs tensor_parallel_size=1, got {self.tensor_parallel_size}")
         # Fast kernels keep no order for the invariant split to preserve.
-        _require(self.all_reduce != "invariant" or self.mode == "deterministic",
-                 f"all_reduce='invariant' needs mode='deterministic', got {self.mode!r}")
+        require(self.all_reduce != "invariant" or self.mode == "deterministic", "all_reduce",
+                f"all_reduce='invariant' needs mode='deterministic', got {self.mode!r}")
 
     def _check_speculation(self) -> None:
         if self.speculative_config is None:
             return
         # A bucketed step's shape is fixed by its policy; a verify chunk has 1 + k rows.
-        _require(self.policy == "dynamic", f"speculative_config needs policy='dynamic', got {self.policy!r}")
-        _require(self.tensor_parallel_size == 1,
-                 f"speculative_config needs tensor_parallel_size=1, got {self.tensor_parallel_size}")
+        require(self.policy == "dynamic", "speculative_config",
+                f"speculative_config needs policy='dynamic', got {self.policy!r}")
+        require(self.tensor_parallel_size == 1, "speculative_config",
+                f"speculative_config needs tensor_parallel_size=1, got {self.tensor_parallel_size}")
 
     @classmethod
     def from_dict(cls, values: dict) -> EngineConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
-        _require(not unknown, f"unknown EngineConfig keys {unknown}; valid keys are {sorted(known)}")
+        if unknown:
+            raise ValueError(f"unknown EngineConfig keys {unknown}; valid keys are {sorted(known)}")
         return cls(**values)
 
     @property

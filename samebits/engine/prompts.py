@@ -1,6 +1,6 @@
 """Prompts as vLLM and OpenAI users write them -> token ids: vLLM's TextPrompt/TokensPrompt dicts, chat messages with
 OpenAI content parts, the chat template's options. `LLM` and the server both come through here, so they render alike.
-Every ValueError begins with the field it blames (the server's 400 names it)."""
+Every error is a FieldError naming the field it blames (the server's 400 names it as `param`)."""
 from __future__ import annotations
 
 import json
@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable
 from typing import TypedDict
 
+from samebits.errors import FieldError
 from samebits.models.tool_parsers import parser_for
 
 # A private-use character: in the rendered chat, MARK<i>MARK stands where user text spelled a special token.
@@ -30,7 +31,7 @@ class TokensPrompt(TypedDict):
     prompt_token_ids: list[int]
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(FieldError):
     """The template itself refused the messages (its raise_exception, e.g. "roles must alternate")."""
 
 
@@ -50,7 +51,8 @@ def _one(p, encode) -> tuple[str | None, list[int]]:
         elif keys == ["prompt_token_ids"]:
             p = p["prompt_token_ids"]
         else:
-            raise ValueError(f"prompt: a dict prompt holds exactly one of 'prompt' (a str) or 'prompt_token_ids', "
+            raise FieldError("prompt",
+                             f"prompt: a dict prompt holds exactly one of 'prompt' (a str) or 'prompt_token_ids', "
                              f"got keys {keys}")
     return (p, encode(p)) if isinstance(p, str) else (None, list(p))
 
@@ -63,7 +65,8 @@ def message_text(content, i: int) -> str:
     for part in content:
         kind, text = part.get("type"), part.get("text")
         if kind != "text" or not isinstance(text, str):
-            raise ValueError(f"messages[{i}].content: only text parts (with a text) are supported, got type {kind!r}")
+            raise FieldError("messages",
+                             f"messages[{i}].content: only text parts (with a text) are supported, got type {kind!r}")
         texts.append(text)
     return "".join(texts)
 
@@ -90,9 +93,10 @@ def _template_call(call: dict, i: int) -> dict:
     try:
         arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
     except json.JSONDecodeError:
-        raise ValueError(f"messages[{i}].tool_calls: arguments must be a JSON object as text") from None
+        raise FieldError("messages", f"messages[{i}].tool_calls: arguments must be a JSON object as text") from None
     if not isinstance(fn.get("name"), str) or not isinstance(arguments, dict):
-        raise ValueError(f"messages[{i}].tool_calls: each call needs function.name and function.arguments (a JSON "  # noqa: TRY004 - the field's error
+        raise FieldError("messages",
+                         f"messages[{i}].tool_calls: each call needs function.name and function.arguments (a JSON "
                          "object)")
     return {"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": arguments}}
 
@@ -161,11 +165,13 @@ def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
     tools) reach it as `tools`, as HF's apply_chat_template(tools=...) passes them. No user text (content, name,
     tools, tool calls, template kwargs) becomes a special token."""
     if add_generation_prompt and continue_final_message:
-        raise ValueError("continue_final_message cannot be combined with add_generation_prompt; set that to false")
+        raise FieldError("continue_final_message",
+                         "continue_final_message cannot be combined with add_generation_prompt; set that to false")
     kwargs = dict(chat_template_kwargs or {})
     clash = [k for k in kwargs if k in RESERVED_TEMPLATE_KWARGS]
     if clash:
-        raise ValueError(f"chat_template_kwargs may not set {clash[0]!r} (a request field or refused)")
+        raise FieldError("chat_template_kwargs",
+                         f"chat_template_kwargs may not set {clash[0]!r} (a request field or refused)")
     # A tokenizer without special tokens (a test double) has nothing to escape.
     escapes = Escapes(getattr(tokenizer, "special_texts", ()))
     msgs = [{"role": m["role"], **escapes({k: v for k, v in m.items() if k != "role"})}
@@ -180,12 +186,13 @@ def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
         text = tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, **kwargs)
     # The template's own raise_exception is the caller's problem, whatever its type.
     except Exception as e:  # noqa: BLE001
-        raise ChatTemplateError(f"messages cannot be rendered by the chat template: {e}") from None
+        raise ChatTemplateError("messages", f"messages cannot be rendered by the chat template: {e}") from None
     if continue_final_message:
         final = msgs[-1]["content"]
         at = text.rfind(final) if final else -1
         if at < 0:
-            raise ValueError("continue_final_message needs a final message whose text the template renders as is")
+            raise FieldError("continue_final_message",
+                             "continue_final_message needs a final message whose text the template renders as is")
         text = text[:at + len(final)]
     # Token ids, not text: the rendered template already holds its special tokens (no second BOS).
     return escapes.encode(tokenizer, text)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from functools import cached_property
 
 from samebits.engine.seeds import check_seed
+from samebits.errors import FieldError, require
 from samebits.structured.params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20
@@ -36,11 +37,6 @@ def _is_int(value) -> bool:
 
 def _is_real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
 
 
 @dataclass(frozen=True)
@@ -92,72 +88,78 @@ class SamplingParams:
         self._check_adjustments()
         self._check_structured()
         kind = self.output_kind
-        _require(isinstance(kind, RequestOutputKind) and kind is not RequestOutputKind.DELTA,
-                 f"output_kind must be RequestOutputKind.CUMULATIVE or FINAL_ONLY (DELTA is not implemented), "
-                 f"got {kind!r}")
+        require(isinstance(kind, RequestOutputKind) and kind is not RequestOutputKind.DELTA, "output_kind",
+                f"output_kind must be RequestOutputKind.CUMULATIVE or FINAL_ONLY (DELTA is not implemented), "
+                f"got {kind!r}")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             value = getattr(self, name)
-            _require(isinstance(value, bool), f"{name} must be a bool, got {value!r}")
+            require(isinstance(value, bool), name, f"{name} must be a bool, got {value!r}")
 
     def _check_floats(self) -> None:
         t, p, m = self.temperature, self.top_p, self.min_p
-        _require(_is_real(t) and math.isfinite(t) and t >= 0, f"temperature must be finite and >= 0, got {t!r}")
-        _require(_is_real(p) and 0 < p <= 1, f"top_p must be in (0, 1], got {p!r}")
-        _require(_is_real(m) and 0 <= m <= 1, f"min_p must be in [0, 1], got {m!r}")
+        require(_is_real(t) and math.isfinite(t) and t >= 0, "temperature",
+                f"temperature must be finite and >= 0, got {t!r}")
+        require(_is_real(p) and 0 < p <= 1, "top_p", f"top_p must be in (0, 1], got {p!r}")
+        require(_is_real(m) and 0 <= m <= 1, "min_p", f"min_p must be in [0, 1], got {m!r}")
 
     def _check_counts(self) -> None:
         k, mt, n, lp, s = self.top_k, self.max_tokens, self.n, self.logprobs, self.seed
-        _require(_is_int(k) and (k == -1 or k >= 1), f"top_k must be -1 or 0 (off) or >= 1, got {k!r}")
-        _require(_is_int(mt) and mt >= 1, f"max_tokens must be an int >= 1, got {mt!r}")
-        _require(_is_int(n) and n >= 1, f"n must be an int >= 1, got {n!r}")
-        _require(self.best_of is None or self.best_of == n,
-                 f"best_of must be None or equal n ({n}): samebits returns every sample it draws, got "
-                 f"{self.best_of!r}")
+        require(_is_int(k) and (k == -1 or k >= 1), "top_k", f"top_k must be -1 or 0 (off) or >= 1, got {k!r}")
+        require(_is_int(mt) and mt >= 1, "max_tokens", f"max_tokens must be an int >= 1, got {mt!r}")
+        require(_is_int(n) and n >= 1, "n", f"n must be an int >= 1, got {n!r}")
+        require(self.best_of is None or self.best_of == n, "best_of",
+                f"best_of must be None or equal n ({n}): samebits returns every sample it draws, got "
+                f"{self.best_of!r}")
         lp_ok = lp is None or (_is_int(lp) and 0 <= lp <= MAX_LOGPROBS)
-        _require(lp_ok, f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {lp!r}")
+        require(lp_ok, "logprobs", f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {lp!r}")
         check_seed(s)
 
     def _check_stops(self) -> None:
         stop, ids = self.stop, self.stop_token_ids
         stop_ok = stop is None or isinstance(stop, str) or (
             isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop))
-        _require(stop_ok, f"stop must be None, a str or a list of str, got {stop!r}")
-        _require(not any(s == "" for s in self.stop_strings), "stop strings must be non-empty")
+        require(stop_ok, "stop", f"stop must be None, a str or a list of str, got {stop!r}")
+        require(not any(s == "" for s in self.stop_strings), "stop", "stop strings must be non-empty")
         ids_ok = ids is None or (isinstance(ids, (list, tuple)) and all(_is_int(i) and i >= 0 for i in ids))
-        _require(ids_ok, f"stop_token_ids must be None or a list of ints >= 0, got {ids!r}")
+        require(ids_ok, "stop_token_ids", f"stop_token_ids must be None or a list of ints >= 0, got {ids!r}")
 
     def _check_adjustments(self) -> None:
         mt, bias, allowed = self.min_tokens, self.logit_bias, self.allowed_token_ids
-        _require(_is_int(mt) and 0 <= mt <= self.max_tokens,
-                 f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], got {mt!r}")
+        require(_is_int(mt) and 0 <= mt <= self.max_tokens, "min_tokens",
+                f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], got {mt!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
-            _require(_is_real(v) and -PENALTY_LIMIT <= v <= PENALTY_LIMIT,
-                     f"{name} must be in [-{PENALTY_LIMIT}, {PENALTY_LIMIT}], got {v!r}")
+            require(_is_real(v) and -PENALTY_LIMIT <= v <= PENALTY_LIMIT, name,
+                    f"{name} must be in [-{PENALTY_LIMIT}, {PENALTY_LIMIT}], got {v!r}")
         r = self.repetition_penalty
-        _require(_is_real(r) and math.isfinite(r) and r > 0, f"repetition_penalty must be finite and > 0, got {r!r}")
+        require(_is_real(r) and math.isfinite(r) and r > 0, "repetition_penalty",
+                f"repetition_penalty must be finite and > 0, got {r!r}")
         bias_ok = bias is None or (isinstance(bias, dict) and all(
             _is_int(t) and t >= 0 and _is_real(b) and -BIAS_LIMIT <= b <= BIAS_LIMIT for t, b in bias.items()))
-        _require(bias_ok, f"logit_bias must be None or a dict of token id >= 0 to a bias in [-{BIAS_LIMIT}, "
-                          f"{BIAS_LIMIT}], got {bias!r}")
+        require(bias_ok, "logit_bias",
+                f"logit_bias must be None or a dict of token id >= 0 to a bias in [-{BIAS_LIMIT}, "
+                f"{BIAS_LIMIT}], got {bias!r}")
         allowed_ok = allowed is None or (isinstance(allowed, (list, tuple)) and len(allowed) > 0 and all(
             _is_int(t) and t >= 0 for t in allowed))
-        _require(allowed_ok, f"allowed_token_ids must be None or a non-empty list of ints >= 0, got {allowed!r}")
+        require(allowed_ok, "allowed_token_ids",
+                f"allowed_token_ids must be None or a non-empty list of ints >= 0, got {allowed!r}")
         pl = self.prompt_logprobs
-        _require(pl is None or (_is_int(pl) and 0 <= pl <= MAX_LOGPROBS),
-                 f"prompt_logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {pl!r}")
+        require(pl is None or (_is_int(pl) and 0 <= pl <= MAX_LOGPROBS), "prompt_logprobs",
+                f"prompt_logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {pl!r}")
 
     def _check_structured(self) -> None:
         so = self.structured_outputs
         if so is None:
             return
-        _require(isinstance(so, StructuredOutputsParams),
-                 f"structured_outputs must be None or a StructuredOutputsParams, got {type(so).__name__}")
+        require(isinstance(so, StructuredOutputsParams), "structured_outputs",
+                f"structured_outputs must be None or a StructuredOutputsParams, got {type(so).__name__}")
         # Either could leave a constrained row no allowed token with a finite logit (the grammar decides the tokens).
-        _require(self.allowed_token_ids is None, "allowed_token_ids cannot be combined with structured_outputs: the "
-                                                 "grammar decides which tokens are allowed")
-        _require(self.min_tokens == 0, "min_tokens cannot be combined with structured_outputs: the grammar decides "
-                                       "where the output may end")
+        require(self.allowed_token_ids is None, "allowed_token_ids",
+                "allowed_token_ids cannot be combined with structured_outputs: the "
+                "grammar decides which tokens are allowed")
+        require(self.min_tokens == 0, "min_tokens",
+                "min_tokens cannot be combined with structured_outputs: the grammar decides "
+                "where the output may end")
 
     @cached_property
     def adjusts_logits(self) -> bool:
@@ -179,16 +181,9 @@ class SamplingParams:
         return frozenset(self.stop_token_ids or ())
 
 
-class ContextLengthError(ValueError):
-    """The prompt, or the prompt and max_tokens together, do not fit the model's context; `param` names the field
+class ContextLengthError(FieldError):
+    """The prompt, or the prompt and max_tokens together, do not fit the model's context; `field` names the field
     to blame ("prompt" or "max_tokens")."""
-
-    def __init__(self, message: str, param: str):
-        super().__init__(message)
-        self.param = param
-
-    def __reduce__(self):  # both arguments, so it crosses the engine process's pipe (engine/engine_process.py)
-        return type(self), (str(self), self.param)
 
 
 def check_prompt(prompt_token_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int,
@@ -196,10 +191,10 @@ def check_prompt(prompt_token_ids: list[int], params: SamplingParams, vocab_size
     """The engine's check of one prompt before it is queued: not empty, token ids in the vocabulary, the context."""
     n = len(prompt_token_ids)
     if n == 0:
-        raise ValueError("prompt must not be empty")
+        raise FieldError("prompt", "prompt must not be empty")
     bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
     if bad:
-        raise ValueError(f"prompt token ids must be in [0, {vocab_size}); got {bad[0]!r}")
+        raise FieldError("prompt", f"prompt token ids must be in [0, {vocab_size}); got {bad[0]!r}")
     check_context_length(n, params.max_tokens, max_model_len, where)
 
 
@@ -208,14 +203,14 @@ def check_context_length(prompt_len: int, max_tokens: int, max_model_len: int, w
     fit max_model_len. `where` names the prompt in the message ("prompt", "messages")."""
     limit = max_model_len
     if prompt_len >= limit:
-        raise ContextLengthError(
+        raise ContextLengthError("prompt",
             f"This model's maximum context length is {limit} tokens. However, your {where} has {prompt_len} tokens. "
-            f"Please reduce the length of the {where}.", "prompt")
+            f"Please reduce the length of the {where}.")
     if prompt_len + max_tokens > limit:
-        raise ContextLengthError(
+        raise ContextLengthError("max_tokens",
             f"This model's maximum context length is {limit} tokens. However, you requested "
             f"{prompt_len + max_tokens} tokens ({prompt_len} in the {where}, {max_tokens} in the completion). "
-            f"Please reduce the length of the {where} or completion.", "max_tokens")
+            f"Please reduce the length of the {where} or completion.")
 
 
 def check_vocab(params: SamplingParams, vocab_size: int) -> None:
@@ -223,4 +218,4 @@ def check_vocab(params: SamplingParams, vocab_size: int) -> None:
     model's vocabulary, which SamplingParams cannot know; the sampler indexes logits with them."""
     for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ())):
         bad = [t for t in ids if t >= vocab_size]
-        _require(not bad, f"{name}: token id {bad[0] if bad else 0} is outside the vocabulary [0, {vocab_size})")
+        require(not bad, name, f"{name}: token id {bad[0] if bad else 0} is outside the vocabulary [0, {vocab_size})")

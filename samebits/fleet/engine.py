@@ -156,11 +156,12 @@ class FleetEngine:
     def check_admission(self, seqs: int, tokens: int) -> None:
         """One request goes to one replica: it must fit one replica's limits; the fleet queues N replicas' worth."""
         if seqs > self.max_waiting:
-            raise RequestTooLarge(f"n: the request is {seqs} sequences (prompts x n); this server queues at most "
+            raise RequestTooLarge("n", f"n: the request is {seqs} sequences (prompts x n); this server queues at most "
                                   f"{self.max_waiting} per replica (max_waiting)")
         limit = self.max_waiting_tokens
         if limit is not None and tokens > limit:
-            raise RequestTooLarge(f"max_tokens: the request holds {tokens} tokens (prompt + max_tokens, per "
+            raise RequestTooLarge("max_tokens",
+                                  f"max_tokens: the request holds {tokens} tokens (prompt + max_tokens, per "
                                   f"sequence); this server queues at most {limit} per replica (max_waiting_tokens)")
         live = [c for c in self.clients if c is not None]
         waiting = [c.waiting_cost for c in live]

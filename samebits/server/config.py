@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from samebits.engine.config import EngineConfig
+from samebits.errors import FieldError
 from samebits.models.tool_parsers import TOOL_CALL_PARSERS
 
 # A server bounds its waiting queue (429 past it, in sequences: prompts x n); the offline engine need not, so the
@@ -16,12 +17,12 @@ SERVER_ENGINE = EngineConfig(max_waiting=256)
 
 def _positive(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise FieldError(name, f"{name} must be a positive integer, got {value!r}")
 
 
 def _positive_seconds(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        raise FieldError(name, f"{name} must be a positive number of seconds, got {value!r}")
 
 
 # The environment variable holding an API key (as vLLM reads VLLM_API_KEY): a key there or in a file never shows in
@@ -95,23 +96,25 @@ class ServerConfig:
         self._check_keys()
         self._check_limits()
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
-            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got "
+            raise FieldError("tool_call_parser", f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got "
                              f"{self.tool_call_parser!r}")
 
     def _check_engine(self) -> None:
         if not isinstance(self.engine, EngineConfig):
-            raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")  # noqa: TRY004
+            raise FieldError("engine", f"engine must be an EngineConfig, got {type(self.engine).__name__}")
         if self.engine.max_waiting is None:
-            raise ValueError("max_waiting must be set for a server (its waiting queue is bounded), got None")
+            raise FieldError("max_waiting",
+                             "max_waiting must be set for a server (its waiting queue is bounded), got None")
         if self.engine_process is not None and not isinstance(self.engine_process, bool):
-            raise ValueError(f"engine_process must be None or a bool, got {self.engine_process!r}")
+            raise FieldError("engine_process", f"engine_process must be None or a bool, got {self.engine_process!r}")
 
     def _check_names(self) -> None:
         if any(not isinstance(n, str) or not n for n in self.served_model_name):
-            raise ValueError(f"served_model_name must be non-empty strings, got {self.served_model_name!r}")
+            raise FieldError("served_model_name",
+                             f"served_model_name must be non-empty strings, got {self.served_model_name!r}")
         for name in ("disable_log_requests", "trust_remote_code"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")  # noqa: TRY004
+                raise FieldError(name, f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.chat_template is not None:
             self.chat_template_text()
 
@@ -125,7 +128,7 @@ class ServerConfig:
             return path.read_text(encoding="utf-8")
         if "{{" in value or "{%" in value:
             return value
-        raise ValueError(f"chat_template: no file at {value} (nor a Jinja template itself)")
+        raise FieldError("chat_template", f"chat_template: no file at {value} (nor a Jinja template itself)")
 
     def uses_engine_process(self, device: str) -> bool:
         """engine_process, with None resolved for the engine's device ("cuda:0", "cpu", ...)."""
@@ -138,29 +141,30 @@ class ServerConfig:
             ipaddress.ip_address(self.host)
         except ValueError:
             if self.host != "localhost":
-                raise ValueError(f"host must be an IP address or 'localhost', got {self.host!r}") from None
+                raise FieldError("host", f"host must be an IP address or 'localhost', got {self.host!r}") from None
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in [0, 65535], got {self.port!r}")
+            raise FieldError("port", f"port must be in [0, 65535], got {self.port!r}")
 
     def _check_keys(self) -> None:
         if not isinstance(self.api_keys, tuple):
-            raise ValueError("api_keys must be a tuple of strings")  # noqa: TRY004 - config errors are ValueError
+            raise FieldError("api_keys", "api_keys must be a tuple of strings")
         if any(not isinstance(k, str) or not k for k in self.api_keys):
-            raise ValueError("api_keys must be non-empty strings")
+            raise FieldError("api_keys", "api_keys must be non-empty strings")
         if self.api_key_file is not None:
             self._keys_in_file()
 
     def _keys_in_file(self) -> list[str]:
         path = self.api_key_file
         if not isinstance(path, str) or not path:
-            raise ValueError(f"api_key_file must be None or a path, got {path!r}")
+            raise FieldError("api_key_file", f"api_key_file must be None or a path, got {path!r}")
         try:
             lines = Path(path).expanduser().read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"api_key_file: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+            raise FieldError("api_key_file",
+                             f"api_key_file: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
         keys = [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
         if not keys:
-            raise ValueError(f"api_key_file: {path} holds no key (one a line)")
+            raise FieldError("api_key_file", f"api_key_file: {path} holds no key (one a line)")
         return keys
 
     def resolved_api_keys(self) -> tuple[str, ...]:
@@ -181,13 +185,14 @@ class ServerConfig:
         for name in ("timeout_header", "timeout_body", "timeout_write"):
             _positive_seconds(name, getattr(self, name))
         if not isinstance(self.allow_special_tokens, bool):
-            raise ValueError(f"allow_special_tokens must be a bool, got {self.allow_special_tokens!r}")  # noqa: TRY004
+            raise FieldError("allow_special_tokens",
+                             f"allow_special_tokens must be a bool, got {self.allow_special_tokens!r}")
         if self.log_level not in LOG_LEVELS:
-            raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+            raise FieldError("log_level", f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         for name in ("max_logprobs", "max_engine_restarts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+                raise FieldError(name, f"{name} must be a non-negative integer, got {value!r}")
 
     @property
     def model_name(self) -> str:

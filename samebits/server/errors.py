@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import json
-import re
 
 from starlette.responses import Response
 
 from samebits.engine.async_engine import EngineDead, QueueFull
+from samebits.errors import FieldError
 
 # An echoed client value is cut to this many characters: a megabyte `model` must not come back in the 404.
 ECHO_CHARS = 64
@@ -78,10 +78,9 @@ def error_response(err: APIError, headers: dict | None = None) -> Response:
                     media_type="application/json")
 
 
-def field_of(message: str) -> str | None:
-    """The field a ValueError names: engine and SamplingParams messages begin with it ("top_p must be ...")."""
-    m = re.match(r"^([a-z_]+)\b", message)
-    return m.group(1) if m else None
+def field_of(e: BaseException) -> str | None:
+    """The field an error blames, as the error carries it (samebits/errors.py FieldError); None for any other."""
+    return e.field if isinstance(e, FieldError) else None
 
 
 def map_error(e: BaseException) -> APIError:
@@ -93,7 +92,7 @@ def map_error(e: BaseException) -> APIError:
     if isinstance(e, EngineDead):
         return engine_dead()
     if isinstance(e, ValueError):
-        return invalid(str(e), field_of(str(e)))
+        return invalid(str(e), field_of(e))
     return APIError(500, f"internal error: {type(e).__name__}", "server_error", None, "internal_error")
 
 

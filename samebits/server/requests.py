@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from samebits.engine.prompts import ChatTemplateError, render_chat
+from samebits.engine.prompts import render_chat
 from samebits.engine.sampling_params import ContextLengthError, SamplingParams, check_vocab
 from samebits.server.errors import APIError, clip, field_of, invalid, too_large, validation_message
 from samebits.server.fields import check_fields
@@ -220,7 +220,7 @@ def _sampling_params(req, max_tokens: int, seed: int, logprobs: int | None, fiel
             skip_special_tokens=req.skip_special_tokens, prompt_logprobs=prompt_logprobs,
             structured_outputs=structured, **_adjustments(req))
     except ValueError as e:
-        message, field = str(e), field_of(str(e))
+        message, field = str(e), field_of(e)
         name = fields.get(field, field)
         raise invalid(name + message[len(field):] if field else message, name) from None
 
@@ -251,14 +251,14 @@ def _engine_checked(state: ServerState, subs: list[Sub], params: SamplingParams,
     try:
         check_vocab(params, state.vocab_size)
     except ValueError as e:
-        raise invalid(str(e), field_of(str(e))) from None
+        raise invalid(str(e), field_of(e)) from None
     for sub in subs:
         try:
             state.engine.validate(sub.ids, params, where)
         except ContextLengthError as e:
-            raise invalid(str(e), where if e.param == "prompt" else e.param) from None
+            raise invalid(str(e), where if e.field == "prompt" else e.field) from None
         except ValueError as e:
-            raise invalid(str(e), field_of(str(e))) from None
+            raise invalid(str(e), field_of(e)) from None
 
 
 def _new_meta(state: ServerState, prefix: str, seed: int) -> Meta:
@@ -315,10 +315,8 @@ def chat_ids(state: ServerState, req, tools: list[dict] | None = None) -> list[i
     try:
         return render_chat(state.tokenizer, messages, req.add_generation_prompt, req.continue_final_message,
                            req.chat_template_kwargs, tools, state.config.tool_call_parser)
-    except ChatTemplateError as e:
-        raise invalid(str(e), "messages") from None
     except ValueError as e:
-        raise invalid(str(e), field_of(str(e))) from None
+        raise invalid(str(e), field_of(e)) from None
 
 
 def chat_job(state: ServerState, req: ChatRequest) -> Job:

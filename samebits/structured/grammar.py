@@ -12,6 +12,7 @@ import json
 import os
 from functools import cached_property
 
+from samebits.errors import FieldError
 from samebits.structured.params import StructuredOutputsParams
 
 # What `advance` says when a sample must end: its grammar is complete, or its token broke the grammar (only possible
@@ -27,11 +28,11 @@ JSON_WHITESPACE = r"(\r?\n)?[ \t]{0,20}"
 PARALLEL_ROWS = 16
 
 
-class GrammarError(ValueError):
+class GrammarError(FieldError):
     """The constraint does not compile; `kind` is the StructuredOutputsParams field, `reason` llguidance's words."""
 
     def __init__(self, kind: str, reason: str):
-        super().__init__(f"structured_outputs.{kind} is not valid: {reason}")
+        super().__init__("structured_outputs", f"structured_outputs.{kind} is not valid: {reason}")
         self.kind, self.reason = kind, reason
 
     def __reduce__(self):  # crosses the engine process's pipe

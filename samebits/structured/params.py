@@ -13,17 +13,14 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
+from samebits.errors import FieldError, require
+
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
 # vLLM's names samebits does not take: a structural tag needs a tag-aware tool parser it does not have.
 NOT_IMPLEMENTED = ("structural_tag",)
 # Beyond these the compiled grammar, not the request, is what costs: a schema is compiled per request.
 MAX_CONSTRAINT_CHARS = 1 << 20
 MAX_CHOICES = 4096
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
 
 
 @dataclass(frozen=True)
@@ -48,33 +45,40 @@ class StructuredOutputsParams:
 
     def __post_init__(self) -> None:
         given = [k for k in KINDS if getattr(self, k) is not None and getattr(self, k) is not False]
-        _require(len(given) == 1, f"structured_outputs must set exactly one of {', '.join(KINDS)}; got "
-                                  f"{', '.join(given) or 'none'}")
+        require(len(given) == 1, "structured_outputs",
+                f"structured_outputs must set exactly one of {', '.join(KINDS)}; got "
+                f"{', '.join(given) or 'none'}")
         self._check_values()
         for name in ("disable_fallback", "disable_any_whitespace", "disable_additional_properties"):
-            _require(isinstance(getattr(self, name), bool), f"structured_outputs.{name} must be a bool")
+            require(isinstance(getattr(self, name), bool), "structured_outputs",
+                    f"structured_outputs.{name} must be a bool")
         wp = self.whitespace_pattern
-        _require(wp is None or isinstance(wp, str), "structured_outputs.whitespace_pattern must be a string")
+        require(wp is None or isinstance(wp, str), "structured_outputs",
+                "structured_outputs.whitespace_pattern must be a string")
 
     def _check_values(self) -> None:
         j, r, c, g = self.json, self.regex, self.choice, self.grammar
-        _require(j is None or isinstance(j, (str, dict)), "structured_outputs.json must be a JSON schema "
-                                                          "(an object, or a string holding one)")
+        require(j is None or isinstance(j, (str, dict)), "structured_outputs",
+                "structured_outputs.json must be a JSON schema "
+                "(an object, or a string holding one)")
         if isinstance(j, str):
             try:
-                _require(isinstance(json.loads(j), dict), "structured_outputs.json must hold a JSON object")
+                require(isinstance(json.loads(j), dict), "structured_outputs",
+                        "structured_outputs.json must hold a JSON object")
             except json.JSONDecodeError as e:
-                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
-        _require(r is None or isinstance(r, str), "structured_outputs.regex must be a string")
-        _require(g is None or (isinstance(g, str) and g.strip() != ""), "structured_outputs.grammar must be a "
-                                                                        "non-empty string")
-        _require(c is None or (isinstance(c, (list, tuple)) and 0 < len(c) <= MAX_CHOICES and all(
-            isinstance(x, str) and x for x in c)), f"structured_outputs.choice must be a list of 1 to {MAX_CHOICES} "
-                                                    "non-empty strings")
-        _require(self.json_object in (None, True), "structured_outputs.json_object must be true when set")
-        _require(len(self.source) <= MAX_CONSTRAINT_CHARS,
-                 f"structured_outputs.{self.kind} holds {len(self.source)} characters; at most "
-                 f"{MAX_CONSTRAINT_CHARS} are compiled")
+                raise FieldError("structured_outputs", f"structured_outputs.json is not valid JSON: {e}") from None
+        require(r is None or isinstance(r, str), "structured_outputs", "structured_outputs.regex must be a string")
+        require(g is None or (isinstance(g, str) and g.strip() != ""), "structured_outputs",
+                "structured_outputs.grammar must be a "
+                "non-empty string")
+        require(c is None or (isinstance(c, (list, tuple)) and 0 < len(c) <= MAX_CHOICES and all(
+            isinstance(x, str) and x for x in c)), "structured_outputs",
+                f"structured_outputs.choice must be a list of 1 to {MAX_CHOICES} non-empty strings")
+        require(self.json_object in (None, True), "structured_outputs",
+                "structured_outputs.json_object must be true when set")
+        require(len(self.source) <= MAX_CONSTRAINT_CHARS, "structured_outputs",
+                f"structured_outputs.{self.kind} holds {len(self.source)} characters; at most "
+                f"{MAX_CONSTRAINT_CHARS} are compiled")
 
     @property
     def kind(self) -> str:

@@ -114,10 +114,10 @@ def test_context_length_names_the_field_to_blame():
     check_context_length(10, 6, 16)
     with pytest.raises(ContextLengthError, match="your prompt has 16 tokens") as e:
         check_context_length(16, 1, 16)
-    assert e.value.param == "prompt"
+    assert e.value.field == "prompt"
     with pytest.raises(ContextLengthError, match=r"requested 17 tokens \(10 in the messages, 7 in") as e:
         check_context_length(10, 7, 16, where="messages")
-    assert e.value.param == "max_tokens" and isinstance(e.value, ValueError)
+    assert e.value.field == "max_tokens" and isinstance(e.value, ValueError)
 
 
 def test_output_kind_is_vllms_enum_and_delta_is_refused():

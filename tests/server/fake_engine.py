@@ -14,6 +14,7 @@ from typing import ClassVar
 
 from samebits.engine.outputs import CompletionOutput, EngineInfo, EngineStats, RequestOutput, StepProgress
 from samebits.engine.sampling_params import RequestOutputKind, SamplingParams
+from samebits.errors import FieldError
 
 VOCAB = 512
 EOS = 0
@@ -82,13 +83,13 @@ class FakeLLMEngine:
 
     def validate(self, prompt_token_ids, params, where="prompt") -> None:
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(f"max_tokens {params.max_tokens} + prompt {len(prompt_token_ids)} exceeds "
+            raise FieldError("max_tokens", f"max_tokens {params.max_tokens} + prompt {len(prompt_token_ids)} exceeds "
                              f"max_model_len {self.max_model_len}")
 
     def add_request(self, request_id, prompt_token_ids, params, prompt=None, resume=None) -> None:
         assert resume is None, "the fake engine continues no sent output"
         if request_id in self.requests:
-            raise ValueError(f"request_id {request_id!r} already exists")
+            raise FieldError("request_id", f"request_id {request_id!r} already exists")
         self.validate(prompt_token_ids, params)
         seed = params.seed if params.seed is not None else _h("seed", request_id) % 2**63
         samples = [CompletionOutput(i, "", [], [] if params.logprobs is not None else None,

@@ -23,6 +23,7 @@ import pytest
 
 from samebits.engine.async_engine import AsyncEngine, EngineDead
 from samebits.engine.outputs import CompletionOutput, EngineInfo, EngineStats, PromptLogprobs, RequestOutput
+from samebits.errors import FieldError
 
 GOLDEN = Path(__file__).with_name("sse_golden.json")
 VOCAB = 64
@@ -141,7 +142,7 @@ class ScriptedAsyncEngine(AsyncEngine):
 
     async def generate(self, request_id, prompt_token_ids, params, prompt=None, *, final_only=False):
         if params.max_tokens == FAIL_AT_ADD:
-            raise ValueError("max_tokens: the scripted engine refuses 14")
+            raise FieldError("max_tokens", "max_tokens: the scripted engine refuses 14")
         for k, out in enumerate(script(self.engine.tokenizer, request_id, prompt_token_ids, params, prompt)):
             await asyncio.sleep(0)
             if params.max_tokens == FAIL_MID_STREAM and k == 3:
