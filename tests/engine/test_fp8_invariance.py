@@ -102,6 +102,36 @@ def test_chunked_prefill_and_cuda_graphs_change_no_bit(source, device, llm):
     assert run(eager, ps) == run(llm, ps) and llm.engine.runner.graphs.graphs
 
 
+def test_prefix_cache_cold_vs_hot(source, device, llm):
+    """Prompts sharing 17-150 tokens of a prefix (three past a CUDA page) give the same bits with their prefix's KV
+    cached as computed afresh."""
+    base = prompts(1, seed=4, lo=150, hi=150)[0]
+    ps = [base[:n] + prompts(1, seed=50 + n, lo=2, hi=6)[0] for n in (17, 70, 100, 150)]
+    cold = run(make(source, device, enable_prefix_caching=False), ps)
+    run(llm, ps)
+    hot = llm.generate(ps, PARAMS, use_tqdm=False)
+    assert sum(o.num_cached_tokens > 0 for o in hot) >= 3
+    assert [key(o) for o in hot] == cold
+
+
+# (KV pool tokens, max_model_len, prompts, their lengths, output tokens): more blocks wanted than the pool holds, at
+# the CPU's 16-token and CUDA's 64-token pages.
+TIGHT = {"cpu": (256, 128, 6, (30, 50), 12), "cuda": (512, 256, 10, (40, 70), 24)}
+
+
+def test_preemption_and_async_scheduling_change_no_bit(source, device, llm):
+    pool, max_len, n, (lo, hi), out = TIGHT[device]
+    ps = prompts(n, seed=8, lo=lo, hi=hi)
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=out, logprobs=0, ignore_eos=True)
+    ref = run(llm, ps, params)
+    tight = make(source, device, kv_cache_tokens=pool, max_model_len=max_len, max_num_batched_tokens=64)
+    assert run(tight, ps, params) == ref
+    assert tight.engine.scheduler.num_preemptions > 0
+    overlap = not llm.engine.overlap  # the other setting than this device's default
+    other = make(source, device, async_scheduling=overlap)
+    assert other.engine.overlap == overlap and run(other, ps, params) == ref
+
+
 def test_negative_control_per_tensor_dynamic_scales_are_caught(source, device):
     """The same checks catch fast mode with per-tensor dynamic activation scales (the batch's max sets every row's
     scale), which deterministic mode refuses."""

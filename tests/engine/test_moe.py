@@ -131,6 +131,13 @@ def test_preemption_gives_the_same_outputs(ckpt, device):
     assert tight.engine.scheduler.num_preemptions > 0
 
 
+def test_async_scheduling_changes_no_bit(ckpt, device, llm):
+    overlap = not llm.engine.overlap  # the other setting than this device's default
+    other = make(ckpt, device, async_scheduling=overlap)
+    ps = prompts(8, seed=21)
+    assert other.engine.overlap == overlap and run(other, ps) == run(llm, ps)
+
+
 def test_prompt_logprobs_and_score_equal_decode_logprobs(llm):
     p = prompts(1, seed=12)[0]
     c = llm.generate([p], PARAMS, use_tqdm=False)[0].outputs[0]
