@@ -126,6 +126,19 @@ def waiting_cost(num_prompt_tokens: int, params) -> tuple[int, int]:
     return params.n, params.n * (num_prompt_tokens + params.max_tokens)
 
 
+def check_request_size(seqs: int, tokens: int, max_waiting: int, max_waiting_tokens: int | None,
+                       where: str = "") -> None:
+    """RequestTooLarge naming the field when one request is more than a queue of these limits could ever hold
+    (`where`: " per replica" for the fleet, whose limits are one replica's)."""
+    if seqs > max_waiting:
+        raise RequestTooLarge("n", f"n: the request is {seqs} sequences (prompts x n); this server queues at most "
+                              f"{max_waiting}{where} (max_waiting)")
+    if max_waiting_tokens is not None and tokens > max_waiting_tokens:
+        raise RequestTooLarge("max_tokens",
+                              f"max_tokens: the request holds {tokens} tokens (prompt + max_tokens, per "
+                              f"sequence); this server queues at most {max_waiting_tokens}{where} (max_waiting_tokens)")
+
+
 class AsyncEngine:
     def __init__(self, engine, max_waiting: int = 1024, idle_poll_s: float = 0.5,
                  max_waiting_tokens: int | None = None):
@@ -195,14 +208,8 @@ class AsyncEngine:
 
     def check_admission(self, seqs: int, tokens: int) -> None:
         """Raise RequestTooLarge if work of this size could never wait here, QueueFull if it cannot now."""
-        if seqs > self.max_waiting:
-            raise RequestTooLarge("n", f"n: the request is {seqs} sequences (prompts x n); this server queues at most "
-                                  f"{self.max_waiting} (max_waiting)")
+        check_request_size(seqs, tokens, self.max_waiting, self.max_waiting_tokens)
         token_limit = self.max_waiting_tokens
-        if token_limit is not None and tokens > token_limit:
-            raise RequestTooLarge("max_tokens",
-                                  f"max_tokens: the request holds {tokens} tokens (prompt + max_tokens, per "
-                                  f"sequence); this server queues at most {token_limit} (max_waiting_tokens)")
         waiting_seqs, waiting_tokens = self.waiting_cost
         if waiting_seqs + seqs > self.max_waiting or (token_limit is not None and waiting_tokens + tokens > token_limit):
             self.counters.requests_rejected += 1

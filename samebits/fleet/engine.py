@@ -21,7 +21,7 @@ import itertools
 import logging
 from dataclasses import fields
 
-from samebits.engine.async_engine import Counters, EngineDead, QueueFull, RequestTooLarge, waiting_cost
+from samebits.engine.async_engine import Counters, EngineDead, QueueFull, check_request_size, waiting_cost
 from samebits.engine.config import EngineConfig
 from samebits.engine.engine_process import START_TIMEOUT_S, EngineView
 from samebits.engine.outputs import EngineStats, Resume
@@ -155,14 +155,8 @@ class FleetEngine:
 
     def check_admission(self, seqs: int, tokens: int) -> None:
         """One request goes to one replica: it must fit one replica's limits; the fleet queues N replicas' worth."""
-        if seqs > self.max_waiting:
-            raise RequestTooLarge("n", f"n: the request is {seqs} sequences (prompts x n); this server queues at most "
-                                  f"{self.max_waiting} per replica (max_waiting)")
+        check_request_size(seqs, tokens, self.max_waiting, self.max_waiting_tokens, " per replica")
         limit = self.max_waiting_tokens
-        if limit is not None and tokens > limit:
-            raise RequestTooLarge("max_tokens",
-                                  f"max_tokens: the request holds {tokens} tokens (prompt + max_tokens, per "
-                                  f"sequence); this server queues at most {limit} per replica (max_waiting_tokens)")
         live = [c for c in self.clients if c is not None]
         waiting = [c.waiting_cost for c in live]
         scale = max(1, len(live))
